@@ -1,0 +1,52 @@
+# minillm — the course's two commands are `make lab` and `make test`.
+#
+#   make lab     set up .venv, register the "minillm" kernel, open JupyterLab on chapters/
+#   make test    set up .venv if missing, run lint, unit tests, exercise graders and every notebook
+#   make demo    one generation in the terminal, with its TTFT / TPOT
+#
+# Variables:
+#   LAB_ARGS     extra JupyterLab arguments; on a server without a browser:
+#                make lab LAB_ARGS="--no-browser --ip=0.0.0.0"
+#   TORCH_SPEC   which torch to install (default: the CPU build CI uses; with an NVIDIA GPU:
+#                make lab TORCH_SPEC="torch>=2.4")
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_SPEC ?= torch==2.13.0
+LAB_ARGS ?=
+STAMP := $(VENV)/.installed
+NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=600 --nbval-sanitize-with chapters/sanitize.cfg
+
+.PHONY: lab test unit notebooks lint demo clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[course,dev]"
+	touch $(STAMP)
+
+lab: $(STAMP)
+	$(PY) -m ipykernel install --user --name minillm --display-name "minillm (.venv)"
+	@echo "Opening JupyterLab on chapters/ — the URL with its token is printed below."
+	$(VENV)/bin/jupyter lab --notebook-dir=chapters $(LAB_ARGS)
+
+test: $(STAMP) lint
+	$(PY) -m pytest tests chapters $(NBVAL)
+
+unit: $(STAMP)
+	$(PY) -m pytest tests
+
+notebooks: $(STAMP)
+	$(PY) -m pytest chapters $(NBVAL)
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
+demo: $(STAMP)
+	$(PY) -m minillm generate "What is 1+1? Answer:" --max-new-tokens 4 --temperature 0
+	$(PY) -m minillm generate "ROMEO:" --max-new-tokens 60 --temperature 0.8 --top-p 0.95 --seed 0 --stream
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache
