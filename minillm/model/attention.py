@@ -1,0 +1,46 @@
+"""The attention layer: project to q, k, v, rotate, let the backend attend, project back.
+
+The layer owns the weights; *where* K and V live (no cache, a contiguous cache, paged blocks) is
+the backend's business, passed in on every call. The model never reads a global batch context.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from minillm.attention.backend import AttentionBackend
+from minillm.model.config import ModelConfig
+from minillm.model.layers import RMSNorm
+from minillm.model.rope import RotaryEmbedding
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_index: int):
+        super().__init__()
+        self.layer_index = layer_index
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        self.q_size, self.kv_size = config.q_size, config.kv_size
+        self.scale = config.head_dim**-0.5
+        # q, k and v in one matmul: rows [0, q_size) are q, then k, then v.
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.o_bias)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
+                backend: AttentionBackend) -> torch.Tensor:
+        """x: (num_tokens, hidden) -> (num_tokens, hidden)."""
+        n = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(n, self.num_heads, self.head_dim)  # (num_tokens, num_heads, head_dim)
+        k = k.view(n, self.num_kv_heads, self.head_dim)  # (num_tokens, num_kv_heads, head_dim)
+        v = v.view(n, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rope(positions, q, k)
+        out = backend.attend(self.layer_index, q, k, v, self.scale)  # (num_tokens, num_heads, head_dim)
+        return self.o_proj(out.reshape(n, self.q_size))

@@ -1,0 +1,156 @@
+"""Load Hugging Face checkpoints (Llama, Qwen2, Qwen3) into minillm's own `CausalLM`.
+
+A checkpoint is a folder with `config.json`, one `model.safetensors` or shards listed in
+`model.safetensors.index.json`, and tokenizer files; or a hub id, downloaded when online.
+HF keeps q/k/v and gate/up as separate matrices; minillm fuses them, so the loader stacks them:
+
+    qkv_proj.weight     = cat(q_proj.weight, k_proj.weight, v_proj.weight)   # rows
+    gate_up_proj.weight = cat(gate_proj.weight, up_proj.weight)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from minillm.model.config import ModelConfig
+from minillm.model.decoder import CausalLM
+
+SHIPPED_MODELS = Path(__file__).resolve().parent.parent / "assets"
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+          "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+
+
+def resolve_checkpoint(model: str | Path | None) -> Path:
+    """A local folder, a shipped model name ("target", "draft"), or a hub id (needs the network)."""
+    if model is None:
+        model = "target"
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{path} has no config.json: not a Hugging Face checkpoint folder")
+        return path
+    if (SHIPPED_MODELS / str(model) / "config.json").is_file():
+        return SHIPPED_MODELS / str(model)
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", str(model)):
+        return _download(str(model))
+    raise FileNotFoundError(f"model {str(model)!r} is not a folder, a shipped model (target, draft) or a hub id")
+
+
+def _download(repo_id: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"]))
+    except Exception as err:  # offline, unknown repo, gated repo...
+        raise FileNotFoundError(f"could not fetch {repo_id!r} from the hub: {err}") from err
+
+
+def read_config(path: Path) -> ModelConfig:
+    hf = json.loads((path / "config.json").read_text())
+    eos: tuple[int, ...] = ()
+    gen_path = path / "generation_config.json"
+    if gen_path.is_file():
+        gen_eos = json.loads(gen_path.read_text()).get("eos_token_id")
+        eos = (gen_eos,) if isinstance(gen_eos, int) else tuple(gen_eos or ())
+    return ModelConfig.from_hf(hf, eos_token_ids=eos)
+
+
+def _checkpoint_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [path / shard for shard in shards]
+    single = path / "model.safetensors"
+    if single.is_file():
+        return [single]
+    raise FileNotFoundError(f"{path} has neither model.safetensors nor model.safetensors.index.json")
+
+
+def default_dtype(config: ModelConfig, device: torch.device) -> torch.dtype:
+    """float32 on CPU (fast and exact there); the checkpoint's own dtype on an accelerator."""
+    return torch.float32 if device.type == "cpu" else DTYPES.get(config.dtype, torch.bfloat16)
+
+
+@torch.no_grad()
+def load_weights(model: CausalLM, files: list[Path]) -> None:
+    """Copy every tensor of the checkpoint into the model, fusing q/k/v and gate/up."""
+    params = dict(model.named_parameters())
+    loaded: set[str] = set()
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
+                if "rotary_emb" in name:
+                    continue
+                tensor = f.get_tensor(name)
+                target, shard = _target_name(name)
+                if target == "lm_head.weight" and model.lm_head is None:
+                    continue  # tied: the embedding matrix is the LM head
+                if target not in params:
+                    raise ValueError(f"checkpoint tensor {name!r} has no place in the model")
+                param = params[target]
+                if shard is None:
+                    param.copy_(tensor)
+                else:
+                    rows = _shard_rows(model.config, target, shard)
+                    param[rows].copy_(tensor)
+                loaded.add(f"{target}#{shard}")
+    missing = [n for n in params if not any(key.startswith(n + "#") for key in loaded)]
+    if missing:
+        raise ValueError(f"checkpoint is missing weights: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+
+
+def _target_name(hf_name: str) -> tuple[str, int | None]:
+    """'model.layers.3.self_attn.k_proj.weight' -> ('layers.3.self_attn.qkv_proj.weight', 1)."""
+    name = hf_name.removeprefix("model.")
+    for hf_part, (ours, shard) in _FUSED.items():
+        if f".{hf_part}." in name:
+            return name.replace(f".{hf_part}.", f".{ours}."), shard
+    return name, None
+
+
+def _shard_rows(config: ModelConfig, target: str, shard: int) -> slice:
+    if ".qkv_proj." in target:
+        sizes = [config.q_size, config.kv_size, config.kv_size]
+    else:
+        sizes = [config.intermediate_size, config.intermediate_size]
+    start = sum(sizes[:shard])
+    return slice(start, start + sizes[shard])
+
+
+def load_model(model: str | Path | None = None, dtype: torch.dtype | str | None = None,
+               device: torch.device | str | None = None) -> CausalLM:
+    """Build minillm's `CausalLM` from a checkpoint (default: the shipped target)."""
+    path = resolve_checkpoint(model)
+    config = read_config(path)
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        dtype = DTYPES[dtype]
+    dtype = dtype or default_dtype(config, device)
+    with torch.device("meta"):
+        net = CausalLM(config)
+    net = net.to_empty(device=device).to(dtype)
+    net.rope.compute_tables()  # buffers made on the meta device hold no values yet
+    load_weights(net, _checkpoint_files(path))
+    return net.eval()
+
+
+def load_tokenizer(model: str | Path | None = None):
+    """The checkpoint's tokenizer, through transformers' AutoTokenizer (offline for local folders)."""
+    from transformers import AutoTokenizer
+
+    path = resolve_checkpoint(model)
+    return AutoTokenizer.from_pretrained(path)
+
+
+def load(model: str | Path | None = None, dtype: torch.dtype | str | None = None,
+         device: torch.device | str | None = None):
+    """(model, tokenizer); with no argument, the course's shipped target model."""
+    return load_model(model, dtype, device), load_tokenizer(model)
