@@ -1,0 +1,134 @@
+"""Chapter 1: generation one request at a time — the correctness oracle of every later chapter.
+
+Two loops, identical in what they produce, different in what they cost:
+
+    generate_without_cache   every step runs the model over prompt + everything generated so far
+    generate_with_cache      prefill the prompt once (storing K/V), then each step runs one token
+
+In both, the first token comes from the prefill's last logits: there is no extra decode step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from minillm.attention import ContiguousKVCache, DenseAttention
+from minillm.detokenizer import IncrementalDetokenizer
+from minillm.metrics import RequestMetrics
+from minillm.model.decoder import CausalLM
+from minillm.sampling import SamplingParams, sample
+
+
+@dataclass
+class GenerationOutput:
+    prompt_token_ids: list[int]
+    token_ids: list[int]  # generated tokens, including a final EOS / stop token if one ended it
+    text: str  # generated text, without special tokens, cut before a stop string
+    finish_reason: str  # "stop" (EOS, stop token or stop string) or "length"
+    metrics: RequestMetrics
+
+
+def encode_prompt(tokenizer, prompt: str | Sequence[int], max_len: int) -> list[int]:
+    """Token ids of a prompt (text or ids); empty or over-long prompts raise ValueError."""
+    ids = tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+    if not ids:
+        raise ValueError("prompt is empty: give at least one token")
+    if len(ids) >= max_len:
+        raise ValueError(f"prompt has {len(ids)} tokens; the model's context is {max_len}, "
+                         "which must also leave room for at least one new token")
+    return ids
+
+
+class _Progress:
+    """What both loops share: record each new token, detokenise it, decide whether to stop."""
+
+    def __init__(self, tokenizer, model: CausalLM, prompt_ids: list[int], params: SamplingParams,
+                 on_text: Callable[[str], None] | None, arrival: float):
+        self.params, self.on_text = params, on_text
+        self.prompt_ids, self.token_ids = prompt_ids, []
+        stop_ids = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stop_ids |= set(model.config.eos_token_ids)
+        self.stop_ids = stop_ids
+        self.max_total = model.config.max_position_embeddings
+        self.detok = IncrementalDetokenizer(tokenizer, prompt_ids, params.stop)
+        self.metrics = RequestMetrics(arrival_time=arrival)
+        self.finish_reason: str | None = None
+
+    def add(self, token: int) -> bool:
+        """Record one generated token; True when generation is finished."""
+        self.metrics.record_token(time.perf_counter())
+        self.token_ids.append(token)
+        self._emit(self.detok.push(token))
+        if token in self.stop_ids or self.detok.stopped_by is not None:
+            self.finish_reason = "stop"
+        elif (len(self.token_ids) >= self.params.max_new_tokens
+              or len(self.prompt_ids) + len(self.token_ids) >= self.max_total):
+            self.finish_reason = "length"
+        return self.finish_reason is not None
+
+    def _emit(self, delta: str) -> None:
+        if delta and self.on_text is not None:
+            self.on_text(delta)
+
+    def output(self) -> GenerationOutput:
+        self._emit(self.detok.flush())
+        self.metrics.finish_time = time.perf_counter()
+        return GenerationOutput(self.prompt_ids, self.token_ids, self.detok.text, self.finish_reason, self.metrics)
+
+
+@torch.inference_mode()
+def generate_without_cache(model: CausalLM, tokenizer, prompt: str | Sequence[int],
+                           params: SamplingParams | None = None,
+                           on_text: Callable[[str], None] | None = None) -> GenerationOutput:
+    """The naive loop: each step recomputes attention over the whole sequence. O(n²) work."""
+    params = params or SamplingParams()
+    arrival = time.perf_counter()
+    ids = encode_prompt(tokenizer, prompt, model.config.max_position_embeddings)
+    progress = _Progress(tokenizer, model, ids, params, on_text, arrival)
+    generator = params.make_generator(model.device)
+    while True:
+        seq = torch.tensor(ids + progress.token_ids, device=model.device)  # (seq_len,)
+        positions = torch.arange(len(seq), device=model.device)
+        hidden = model(seq, positions, DenseAttention([len(seq)]))  # (seq_len, hidden)
+        logits = model.logits(hidden[-1:])[0]  # only the last position predicts the next token
+        if progress.add(sample(logits, params, generator)):
+            return progress.output()
+
+
+@torch.inference_mode()
+def generate_with_cache(model: CausalLM, tokenizer, prompt: str | Sequence[int],
+                        params: SamplingParams | None = None,
+                        on_text: Callable[[str], None] | None = None) -> GenerationOutput:
+    """Prefill once, then decode one token per step against the stored K/V. O(n) work per step."""
+    params = params or SamplingParams()
+    arrival = time.perf_counter()
+    ids = encode_prompt(tokenizer, prompt, model.config.max_position_embeddings)
+    progress = _Progress(tokenizer, model, ids, params, on_text, arrival)
+    generator = params.make_generator(model.device)
+    max_len = min(len(ids) + params.max_new_tokens, model.config.max_position_embeddings)
+    cache = ContiguousKVCache.for_model(model.config, num_slots=1, max_len=max_len,
+                                        dtype=model.dtype, device=model.device)
+    # Prefill: all prompt tokens in one pass; its last logits give the first token.
+    tokens, start = ids, 0
+    while True:
+        n = len(tokens)
+        hidden = model(torch.tensor(tokens, device=model.device),
+                       torch.arange(start, start + n, device=model.device),
+                       cache.batch(slots=[0], starts=[start], query_lens=[n]))
+        token = sample(model.logits(hidden[-1:])[0], params, generator)
+        if progress.add(token):
+            return progress.output()
+        # Decode: the next pass feeds only the token just sampled.
+        tokens, start = [token], start + n
+
+
+def generate(model: CausalLM, tokenizer, prompt: str | Sequence[int], params: SamplingParams | None = None,
+             kv_cache: bool = True, on_text: Callable[[str], None] | None = None) -> GenerationOutput:
+    """Generate for one prompt with either loop (`kv_cache=True`: the cached one)."""
+    loop = generate_with_cache if kv_cache else generate_without_cache
+    return loop(model, tokenizer, prompt, params, on_text)
