@@ -1,0 +1,175 @@
+"""The exercise graders, written once: CI runs them on `solutions/` (all must pass) and on the
+untouched `exercises/` stubs (all must fail); notebooks run them through `check()`.
+
+A grader is a list of cases; each case takes the implementation and raises AssertionError with a
+message a learner can act on.
+"""
+
+from __future__ import annotations
+
+import functools
+import traceback
+from collections.abc import Callable
+
+import torch
+
+Case = Callable[[Callable], None]
+GRADERS: dict[str, list[Case]] = {}
+EXERCISES: dict[str, tuple[str, str]] = {}  # grader name -> (module in exercises/ and solutions/, function)
+
+
+def case(name: str, module: str, function: str):
+    """Register a grading case under exercise `name`."""
+    EXERCISES[name] = (module, function)
+
+    def register(fn: Case) -> Case:
+        GRADERS.setdefault(name, []).append(fn)
+        return fn
+
+    return register
+
+
+def run(name: str, impl: Callable) -> list[tuple[str, bool, str]]:
+    """(case name, passed, message) for every case of exercise `name`."""
+    if name not in GRADERS:
+        raise KeyError(f"unknown exercise {name!r}; known: {sorted(GRADERS)}")
+    results = []
+    for fn in GRADERS[name]:
+        try:
+            fn(impl)
+            results.append((fn.__name__, True, ""))
+        except NotImplementedError:
+            results.append((fn.__name__, False, "not implemented yet (the stub raises NotImplementedError)"))
+        except AssertionError as err:
+            results.append((fn.__name__, False, str(err) or "assertion failed"))
+        except Exception as err:  # the learner's code crashed: show where
+            tb = traceback.extract_tb(err.__traceback__)[-1]
+            results.append((fn.__name__, False, f"{type(err).__name__}: {err} (line {tb.lineno} of {tb.filename})"))
+    return results
+
+
+def check(name: str, impl: Callable) -> bool:
+    """Grade `impl` for exercise `name`, printing PASS/FAIL per case; True when all pass."""
+    results = run(name, impl)
+    for case_name, passed, message in results:
+        print(f"{'PASS' if passed else 'FAIL'}  {case_name.replace('_', ' ')}" + ("" if passed else f": {message}"))
+    passed = sum(ok for _, ok, _ in results)
+    print(f"{name}: {passed}/{len(results)} passed")
+    return passed == len(results)
+
+
+# ----------------------------------------------------------------------------- ch01.top_p
+
+
+def _hf_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
+    from transformers.generation.logits_process import TopPLogitsWarper
+
+    rows = logits if logits.dim() == 2 else logits[None]
+    out = TopPLogitsWarper(top_p=p)(None, rows.clone())
+    return out if logits.dim() == 2 else out[0]
+
+
+@case("ch01.top_p", "ch01_top_p", "top_p_filter")
+def matches_transformers_on_random_logits(impl):
+    for seed, p in enumerate([0.1, 0.5, 0.8, 0.95]):
+        logits = torch.randn(6, 500, generator=torch.Generator().manual_seed(seed)) * 2
+        got, want = impl(logits.clone(), p), _hf_top_p(logits, p)
+        kept_got, kept_want = torch.isfinite(got), torch.isfinite(want)
+        assert got.shape == logits.shape, f"shape {tuple(got.shape)}, expected {tuple(logits.shape)}"
+        assert torch.equal(kept_got, kept_want), (
+            f"top_p={p}: you keep {int(kept_got.sum())} tokens, transformers keeps {int(kept_want.sum())}")
+        assert torch.equal(got[kept_got], logits[kept_got]), "kept logits must be unchanged"
+
+
+@case("ch01.top_p", "ch01_top_p", "top_p_filter")
+def keeps_the_token_that_crosses_the_boundary(impl):
+    logits = torch.log(torch.tensor([0.05, 0.5, 0.15, 0.3]))
+    kept = torch.isfinite(impl(logits, 0.6)).tolist()
+    assert kept == [False, True, False, True], (
+        f"probabilities 0.05/0.5/0.15/0.3, top_p=0.6: expected to keep 0.5 and 0.3, kept mask {kept}")
+
+
+@case("ch01.top_p", "ch01_top_p", "top_p_filter")
+def always_keeps_the_most_likely_token(impl):
+    logits = torch.tensor([0.0, 5.0, 1.0])
+    kept = torch.isfinite(impl(logits, 0.01)).tolist()
+    assert kept == [False, True, False], f"tiny top_p must keep exactly the top token, kept mask {kept}"
+
+
+@case("ch01.top_p", "ch01_top_p", "top_p_filter")
+def top_p_one_keeps_everything(impl):
+    logits = torch.randn(50, generator=torch.Generator().manual_seed(9))
+    assert torch.equal(impl(logits, 1.0), logits), "top_p=1.0 must return the logits unchanged"
+
+
+# ----------------------------------------------------------------------------- ch01.kv_decode
+
+
+class _RecordingModel:
+    """Wraps a CausalLM and records how many tokens each forward pass was fed."""
+
+    def __init__(self, model):
+        self._model, self.fed = model, []
+
+    def __call__(self, input_ids, positions, backend):
+        self.fed.append(int(input_ids.shape[0]))
+        return self._model(input_ids, positions, backend)
+
+    forward = __call__
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+
+@functools.cache
+def _tiny_qwen3():
+    from minillm.model import CausalLM, ModelConfig
+
+    config = ModelConfig(family="qwen3", vocab_size=300, hidden_size=64, intermediate_size=128, num_layers=2,
+                         num_heads=4, num_kv_heads=2, head_dim=32, max_position_embeddings=256, qk_norm=True)
+    torch.manual_seed(0)
+    model = CausalLM(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    return model.eval()
+
+
+def _reference(model, prompt, n):
+    from minillm.generate import generate_without_cache
+    from minillm.sampling import SamplingParams
+
+    class _Ids:  # the loop needs a tokenizer only to detokenise; ids are enough here
+        def decode(self, ids, **_):
+            return ""
+
+    params = SamplingParams(temperature=0, max_new_tokens=n, ignore_eos=True)
+    return generate_without_cache(model, _Ids(), prompt, params).token_ids
+
+
+@case("ch01.kv_decode", "ch01_kv_decode", "greedy_decode_with_cache")
+def equals_the_naive_loop_on_a_random_model(impl):
+    model = _tiny_qwen3()
+    prompt = [5, 17, 99, 3, 250, 41, 7]
+    got, want = list(impl(model, prompt, 20)), _reference(model, prompt, 20)
+    assert len(got) == len(want), f"expected {len(want)} tokens, got {len(got)}"
+    first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
+    assert first is None, f"first difference at new token {first}: got {got}, want {want}"
+
+
+@case("ch01.kv_decode", "ch01_kv_decode", "greedy_decode_with_cache")
+def answers_one_plus_one_with_the_shipped_model(impl):
+    from minillm.model import load
+
+    model, tokenizer = load("target", device="cpu")
+    ids = tokenizer.encode("What is 1+1? Answer:")
+    got = impl(model, ids, 3)
+    assert tokenizer.decode(got).strip().startswith("2"), f"decoded {tokenizer.decode(got)!r}"
+
+
+@case("ch01.kv_decode", "ch01_kv_decode", "greedy_decode_with_cache")
+def prefills_once_then_feeds_one_token_per_step(impl):
+    model = _RecordingModel(_tiny_qwen3())
+    impl(model, [1, 2, 3, 4, 5], 6)
+    assert model.fed == [5, 1, 1, 1, 1, 1], (
+        f"tokens fed per pass were {model.fed}; expected [5, 1, 1, 1, 1, 1] (prefill, then one per step)")
