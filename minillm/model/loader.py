@@ -48,7 +48,8 @@ def _download(repo_id: str) -> Path:
 
         return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"]))
     except Exception as err:  # offline, unknown repo, gated repo...
-        raise FileNotFoundError(f"could not fetch {repo_id!r} from the hub: {err}") from err
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise FileNotFoundError(f"could not fetch {repo_id!r} from the hub: {reason}") from err
 
 
 def read_config(path: Path) -> ModelConfig:
