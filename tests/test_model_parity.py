@@ -70,3 +70,24 @@ def test_config_validation_names_the_field():
         ModelConfig(family="llama", vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1,
                     num_heads=2, num_kv_heads=2, head_dim=4, max_position_embeddings=8,
                     rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+
+
+def test_dtype_selection_and_validation(tmp_path):
+    hf = make_checkpoint("qwen2", tmp_path)
+    ours = load_model(tmp_path, dtype="bfloat16", device="cpu")
+    assert ours.dtype == torch.bfloat16 and ours.rope.cos.dtype == torch.bfloat16
+    prompt = PROMPTS[0]
+    with torch.no_grad():
+        logits = ours.logits(ours(torch.tensor(prompt), torch.arange(len(prompt)), DenseAttention([len(prompt)])))
+    assert (logits - hf_logits(hf, prompt)).abs().max() < 0.5  # bf16 keeps the function, not every digit
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        load_model(tmp_path, dtype="int3", device="cpu")
+
+
+def test_missing_folder_and_missing_weights_are_clear_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a folder"):
+        load_model(tmp_path / "nowhere")
+    make_checkpoint("llama", tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        load_model(tmp_path, device="cpu")
