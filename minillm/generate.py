@@ -21,6 +21,7 @@ from minillm.detokenizer import IncrementalDetokenizer
 from minillm.metrics import RequestMetrics
 from minillm.model.decoder import CausalLM
 from minillm.sampling import SamplingParams, sample
+from minillm.stopping import stop_reason
 
 
 @dataclass
@@ -50,11 +51,8 @@ class _Progress:
                  on_text: Callable[[str], None] | None, arrival: float):
         self.params, self.on_text = params, on_text
         self.prompt_ids, self.token_ids = prompt_ids, []
-        stop_ids = set(params.stop_token_ids)
-        if not params.ignore_eos:
-            stop_ids |= set(model.config.eos_token_ids)
-        self.stop_ids = stop_ids
-        self.max_total = model.config.max_position_embeddings
+        self.eos_ids = model.config.eos_token_ids
+        self.max_len = model.config.max_position_embeddings
         self.detok = IncrementalDetokenizer(tokenizer, prompt_ids, params.stop)
         self.metrics = RequestMetrics(arrival_time=arrival)
         self.finish_reason: str | None = None
@@ -64,11 +62,11 @@ class _Progress:
         self.metrics.record_token(time.perf_counter())
         self.token_ids.append(token)
         self._emit(self.detok.push(token))
-        if token in self.stop_ids or self.detok.stopped_by is not None:
+        if self.detok.stopped_by is not None:
             self.finish_reason = "stop"
-        elif (len(self.token_ids) >= self.params.max_new_tokens
-              or len(self.prompt_ids) + len(self.token_ids) >= self.max_total):
-            self.finish_reason = "length"
+        else:
+            self.finish_reason = stop_reason(self.token_ids, len(self.prompt_ids), self.params,
+                                             self.eos_ids, self.max_len)
         return self.finish_reason is not None
 
     def _emit(self, delta: str) -> None:

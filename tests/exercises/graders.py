@@ -48,14 +48,13 @@ def run(name: str, impl: Callable) -> list[tuple[str, bool, str]]:
     return results
 
 
-def check(name: str, impl: Callable) -> bool:
-    """Grade `impl` for exercise `name`, printing PASS/FAIL per case; True when all pass."""
+def check(name: str, impl: Callable) -> None:
+    """Grade `impl` for exercise `name`, printing PASS/FAIL per case and a summary line."""
     results = run(name, impl)
     for case_name, passed, message in results:
         print(f"{'PASS' if passed else 'FAIL'}  {case_name.replace('_', ' ')}" + ("" if passed else f": {message}"))
     passed = sum(ok for _, ok, _ in results)
-    print(f"{name}: {passed}/{len(results)} passed")
-    return passed == len(results)
+    print(f"{name}: {passed}/{len(results)} passed" + (" — well done!" if passed == len(results) else ""))
 
 
 # ----------------------------------------------------------------------------- ch01.top_p
@@ -173,3 +172,109 @@ def prefills_once_then_feeds_one_token_per_step(impl):
     impl(model, [1, 2, 3, 4, 5], 6)
     assert model.fed == [5, 1, 1, 1, 1, 1], (
         f"tokens fed per pass were {model.fed}; expected [5, 1, 1, 1, 1, 1] (prefill, then one per step)")
+
+
+# ----------------------------------------------------------------------------- ch02.slot_utilisation
+
+
+@case("ch02.slot_utilisation", "ch02_slot_utilisation", "slot_utilisation")
+def counts_busy_slot_steps(impl):
+    got = impl([[12, 5, 0, 1], [1, 1, 0, 1], [0, 1, 0, 0]], 4)
+    assert abs(got - 7 / 12) < 1e-9, f"3 steps × 4 slots with 7 busy slot-steps: expected 7/12, got {got}"
+
+
+@case("ch02.slot_utilisation", "ch02_slot_utilisation", "slot_utilisation")
+def short_lists_mean_idle_slots_and_no_steps_is_zero(impl):
+    got = impl([[3], [1, 1]], 4)
+    assert abs(got - 3 / 8) < 1e-9, f"expected 3/8 = 0.375 (missing slots ran nothing), got {got}"
+    assert impl([], 4) == 0.0, "no steps: utilisation 0.0"
+
+
+@case("ch02.slot_utilisation", "ch02_slot_utilisation", "slot_utilisation")
+def agrees_with_the_engine_trace(impl):
+    from minillm.trace import Trace
+
+    trace = _static_trace()
+    steps = [[s.num_tokens if s is not None else 0 for s in step.slots] for step in trace.steps]
+    got = impl(steps, trace.num_slots)
+    assert abs(got - trace.slot_utilisation) < 1e-9, f"engine says {trace.slot_utilisation:.4f}, you say {got}"
+    assert isinstance(trace, Trace)
+
+
+@functools.cache
+def _static_trace():
+    from minillm.config import EngineConfig
+    from minillm.engine import LLMEngine
+    from minillm.sampling import SamplingParams
+
+    class _Ids:
+        def encode(self, text):
+            return list(text.encode())
+
+        def decode(self, ids, **_):
+            return ""
+
+    engine = LLMEngine(_tiny_qwen3(), _Ids(), EngineConfig(batching="static", max_num_seqs=3, max_model_len=64))
+    for prompt, n in [([5, 6, 7], 4), ([8, 9], 12), ([10, 11, 12, 13], 7), ([14], 3)]:
+        engine.add_request(prompt, SamplingParams(temperature=0, max_new_tokens=n, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    return engine.trace
+
+
+# ----------------------------------------------------------------------------- ch03.schedule_step
+
+
+@case("ch03.schedule_step", "ch03_schedule_step", "plan_step")
+def decodes_running_requests_then_admits_newcomers(impl):
+    runs, admitted = impl([("a", 1), ("b", 1)], [("c", 10), ("d", 20)], free_slots=2, max_tokens_per_step=100)
+    assert list(runs) == [("a", 1), ("b", 1), ("c", 10), ("d", 20)], f"runs {runs}"
+    assert list(admitted) == ["c", "d"], f"admitted {admitted}"
+
+
+@case("ch03.schedule_step", "ch03_schedule_step", "plan_step")
+def respects_free_slots_and_the_token_budget(impl):
+    runs, admitted = impl([("a", 1)], [("c", 10), ("d", 20)], free_slots=1, max_tokens_per_step=100)
+    assert list(admitted) == ["c"], f"one free slot: only c may enter, admitted {admitted}"
+    runs, admitted = impl([("a", 1)], [("c", 10), ("d", 20)], free_slots=5, max_tokens_per_step=25)
+    assert list(admitted) == ["c"] and list(runs) == [("a", 1), ("c", 10)], (
+        f"budget 25: a (1) and c (10) fit, d (20) does not; got runs {runs}, admitted {admitted}")
+
+
+@case("ch03.schedule_step", "ch03_schedule_step", "plan_step")
+def nobody_overtakes_a_waiting_request_that_does_not_fit(impl):
+    runs, admitted = impl([], [("big", 50), ("small", 5)], free_slots=4, max_tokens_per_step=30)
+    assert list(admitted) == [] and list(runs) == [], (
+        f"'big' does not fit and 'small' must not overtake it; got runs {runs}, admitted {admitted}")
+
+
+@case("ch03.schedule_step", "ch03_schedule_step", "plan_step")
+def matches_the_engine_scheduler_on_random_queues(impl):
+    import random
+
+    from minillm.request import Request
+    from minillm.sampling import SamplingParams
+    from minillm.scheduler import ContinuousScheduler
+
+    rng = random.Random(7)
+    for trial in range(50):
+        slots, budget = rng.randint(1, 6), rng.randint(1, 60)
+        scheduler = ContinuousScheduler(slots, 512, budget, eos_token_ids=())
+        for i in range(rng.randint(0, slots)):  # running requests: decoding or mid-prompt
+            r = Request(f"r{i}", [1] * rng.randint(1, 40), SamplingParams(), 0.0)
+            scheduler.add(r)
+            scheduler.waiting.remove(r)
+            scheduler._admit(r)
+            r.num_computed_tokens = r.num_tokens - rng.choice([1, 1, 1, rng.randint(1, r.num_tokens)])
+        for i in range(rng.randint(0, 5)):
+            scheduler.add(Request(f"w{i}", [1] * rng.randint(1, 40), SamplingParams(), 0.0))
+        running = [(r.request_id, r.num_uncomputed_tokens) for r in scheduler.running]
+        waiting = [(r.request_id, r.num_uncomputed_tokens) for r in scheduler.waiting]
+        free = len(scheduler.free_slots)
+        out = scheduler.schedule()
+        want_runs = [(c.request_id, c.num_tokens) for c in out.chunks]
+        want_admitted = [r.request_id for r in out.new_requests]
+        runs, admitted = impl(running, waiting, free, budget)
+        assert (list(runs), list(admitted)) == (want_runs, want_admitted), (
+            f"trial {trial}: running {running}, waiting {waiting}, {free} free slots, budget {budget}: "
+            f"engine runs {want_runs} admits {want_admitted}; you run {list(runs)} admit {list(admitted)}")
