@@ -2,6 +2,9 @@
 
 from pathlib import Path
 
+from minillm.async_engine import AsyncLLM
+from minillm.config import EngineConfig
+from minillm.engine import LLM, LLMEngine, RequestOutput
 from minillm.generate import GenerationOutput, generate, generate_with_cache, generate_without_cache
 from minillm.model import CausalLM, ModelConfig, load, load_model, load_tokenizer
 from minillm.sampling import SamplingParams
@@ -11,6 +14,11 @@ ASSETS_DIR = Path(__file__).resolve().parent / "assets"
 
 __all__ = [
     "ASSETS_DIR",
+    "AsyncLLM",
+    "EngineConfig",
+    "LLM",
+    "LLMEngine",
+    "RequestOutput",
     "CausalLM",
     "GenerationOutput",
     "ModelConfig",

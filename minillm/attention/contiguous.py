@@ -11,7 +11,7 @@ or not: the waste that chapter 4's paged cache removes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
 
 import torch
 import torch.nn.functional as F
@@ -46,17 +46,38 @@ class ContiguousKVCache:
         return ContiguousBatch(self, slots, starts, query_lens)
 
 
-@dataclass
 class ContiguousBatch:
-    cache: ContiguousKVCache
-    slots: list[int]
-    starts: list[int]
-    query_lens: list[int]
+    """The backend of one forward pass. Decode rows (one new token each) attend in one batched
+    call over their slots, masked to each one's length; prefill rows attend one sequence at a time.
+    Index tensors are built once here and reused by every layer."""
+
+    def __init__(self, cache: ContiguousKVCache, slots: list[int], starts: list[int], query_lens: list[int]):
+        self.cache = cache
+        device = cache.k[0].device
+        offsets = [0, *itertools.accumulate(query_lens)][:-1]
+        decode = [i for i, n in enumerate(query_lens) if n == 1]
+        self.prefills = [(offsets[i], slots[i], starts[i], n) for i, n in enumerate(query_lens) if n > 1]
+        self.decode_rows = torch.tensor([offsets[i] for i in decode], dtype=torch.long, device=device)
+        self.decode_slots = torch.tensor([slots[i] for i in decode], dtype=torch.long, device=device)
+        self.decode_pos = torch.tensor([starts[i] for i in decode], dtype=torch.long, device=device)
+        self.decode_len = max((starts[i] + 1 for i in decode), default=0)
+        # (num_decode, 1, 1, decode_len): key j is visible to row i when j <= its position
+        visible = torch.arange(self.decode_len, device=device)[None, :] <= self.decode_pos[:, None]
+        self.decode_mask = visible[:, None, None]
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         k_cache, v_cache = self.cache.k[layer], self.cache.v[layer]
-        outputs, offset = [], 0
-        for slot, start, n in zip(self.slots, self.starts, self.query_lens):
+        out = torch.empty_like(q)  # (num_tokens, heads, head_dim)
+        if len(self.decode_rows):
+            k_cache[self.decode_slots, self.decode_pos] = k[self.decode_rows]
+            v_cache[self.decode_slots, self.decode_pos] = v[self.decode_rows]
+            keys = k_cache[self.decode_slots, : self.decode_len].transpose(1, 2)  # (B, kv_heads, len, head_dim)
+            values = v_cache[self.decode_slots, : self.decode_len].transpose(1, 2)
+            queries = q[self.decode_rows].unsqueeze(2)  # (B, heads, 1, head_dim)
+            o = F.scaled_dot_product_attention(queries, keys, values, attn_mask=self.decode_mask, scale=scale,
+                                               enable_gqa=True)
+            out[self.decode_rows] = o.squeeze(2)
+        for offset, slot, start, n in self.prefills:
             end = start + n
             k_cache[slot, start:end] = k[offset : offset + n]
             v_cache[slot, start:end] = v[offset : offset + n]
@@ -64,10 +85,7 @@ class ContiguousBatch:
             ks = k_cache[slot, :end].transpose(0, 1)[None]  # (1, kv_heads, end, head_dim)
             vs = v_cache[slot, :end].transpose(0, 1)[None]
             # query i (absolute position start+i) sees keys 0..start+i
-            mask = None
-            if n > 1:
-                mask = torch.ones(n, end, dtype=torch.bool, device=q.device).tril(diagonal=start)
+            mask = torch.ones(n, end, dtype=torch.bool, device=q.device).tril(diagonal=start)
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=True)
-            outputs.append(o[0].transpose(0, 1))  # (n, heads, head_dim)
-            offset += n
-        return torch.cat(outputs)
+            out[offset : offset + n] = o[0].transpose(0, 1)
+        return out

@@ -1,0 +1,82 @@
+"""One request's life: its input, its changing state, and its output.
+
+    WAITING ──admit──► RUNNING ──EOS / length / stop──► FINISHED
+       ▲                  │
+       └──── preempt ─────┘ (chapter 4)          any live state ──abort──► ABORTED
+
+The fields fall in three groups, filled at three moments: the **input** when the request is
+submitted, the **state** while the engine runs it, the **output** when it ends.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from minillm.metrics import RequestMetrics
+from minillm.sampling import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+
+    @property
+    def is_done(self) -> bool:
+        return self in (RequestStatus.FINISHED, RequestStatus.ABORTED)
+
+
+@dataclass(eq=False)
+class Request:
+    # --- input: given at submission -------------------------------------------------------------
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float
+    prompt: str | None = None
+    future: Any = None  # an asyncio.Future resolved with the RequestOutput (the async API sets it)
+
+    # --- state: changed by the scheduler and the engine ------------------------------------------
+    status: RequestStatus = RequestStatus.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    slot: int | None = None  # the KV-cache slot it occupies while RUNNING
+
+    # --- output: filled as it produces tokens and when it ends -----------------------------------
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    metrics: RequestMetrics = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.metrics = RequestMetrics(arrival_time=self.arrival_time)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        """Tokens still to be run through the model before the next token can be sampled."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def ttft(self) -> float | None:
+        return self.metrics.ttft
+
+    @property
+    def tpot(self) -> float | None:
+        return self.metrics.tpot

@@ -1,0 +1,45 @@
+"""What the scheduler decides for one step: plain data, fully built before the model runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from minillm.request import Request
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    """Tokens of one request to run in this step.
+
+        request:  | computed (start tokens) | token_ids (this step) | ...
+                   0                     start                start + len(token_ids)
+
+    A prefill chunk brings the prompt, a decode chunk the one token sampled last step. When the
+    chunk reaches the request's newest token (`samples`), its last logits give the next token.
+    """
+
+    request_id: str
+    slot: int
+    start: int
+    token_ids: tuple[int, ...]
+    samples: bool
+    is_prefill: bool
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    chunks: tuple[ScheduledChunk, ...]
+    new_requests: tuple[Request, ...]  # admitted this step: the runner sets up their sampling state
+    finished_ids: tuple[str, ...]  # ended since the last step: the runner forgets them
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks

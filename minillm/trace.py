@@ -1,0 +1,60 @@
+"""What the engine really did, step by step: plain, serialisable records for widgets and tests.
+
+    step 7:  slot 0 [A decode 1] | slot 1 [B prefill 12] | slot 2 [idle] | slot 3 [C decode 1]
+             admitted: B    finished: A    12.4 ms
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class SlotState:
+    request_id: str
+    num_tokens: int  # tokens this request ran in the step (0: it holds the slot but did not run)
+    phase: str  # "prefill" | "decode" | "idle"
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    step: int
+    start_time: float  # seconds since the engine started
+    duration: float  # seconds the step took
+    slots: tuple[SlotState | None, ...]  # one entry per slot; None = free
+    admitted: tuple[str, ...]
+    finished: tuple[str, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.slots if s is not None)
+
+    @property
+    def busy_slots(self) -> int:
+        return sum(1 for s in self.slots if s is not None and s.num_tokens > 0)
+
+
+@dataclass
+class Trace:
+    num_slots: int
+    steps: list[StepRecord] = field(default_factory=list)
+
+    def record(self, step: StepRecord) -> None:
+        self.steps.append(step)
+
+    @property
+    def slot_utilisation(self) -> float:
+        """Busy slot-steps / all slot-steps: 1.0 means no slot was ever idle."""
+        if not self.steps:
+            return 0.0
+        return sum(s.busy_slots for s in self.steps) / (len(self.steps) * self.num_slots)
+
+    def to_dict(self) -> dict:
+        return {"num_slots": self.num_slots, "steps": [asdict(s) for s in self.steps]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Trace:
+        steps = [StepRecord(s["step"], s["start_time"], s["duration"],
+                            tuple(None if x is None else SlotState(**x) for x in s["slots"]),
+                            tuple(s["admitted"]), tuple(s["finished"])) for s in data["steps"]]
+        return cls(data["num_slots"], steps)
