@@ -26,8 +26,10 @@ IDLE, FREE = "#d9d9d9", "#ffffff"
 
 
 def request_colour(request_id: str) -> str:
-    """A stable, well-spread colour per request id."""
-    hue = int(hashlib.md5(request_id.encode()).hexdigest()[:6], 16) / 0xFFFFFF
+    """A stable, well-spread colour per request id (numbered ids step round the hue circle by the
+    golden ratio, so neighbours never look alike)."""
+    number = int(request_id) if request_id.isdigit() else int(hashlib.md5(request_id.encode()).hexdigest()[:8], 16)
+    hue = (number * 0.618033988749895) % 1.0
     r, g, b = colorsys.hls_to_rgb(hue, 0.55, 0.65)
     return f"#{int(r * 255):02x}{int(g * 255):02x}{int(b * 255):02x}"
 

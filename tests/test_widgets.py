@@ -1,0 +1,62 @@
+"""Widget rendering is a pure function of the data: checked here without a browser."""
+
+import pytest
+
+from minillm.trace import SlotState, StepRecord, Trace
+from widgets.prefill_decode import HARDWARE, MODELS, step_cost
+from widgets.quiz import Question, render_quiz
+from widgets.slot_timeline import frame_steps, render_frame, request_colour
+
+
+def tiny_trace() -> Trace:
+    a_prefill, a = SlotState("0", 5, "prefill"), SlotState("0", 1, "decode")
+    b_prefill, b, b_idle = SlotState("1", 3, "prefill"), SlotState("1", 1, "decode"), SlotState("1", 0, "idle")
+    steps = [StepRecord(0, 0.0, 0.01, (a_prefill, b_prefill), ("0", "1"), ()),
+             StepRecord(1, 0.01, 0.01, (a, b), (), ("1",)),
+             StepRecord(2, 0.02, 0.01, (a, b_idle), (), ()),
+             StepRecord(3, 0.03, 0.01, (a, None), (), ("0",))]
+    return Trace(num_slots=2, steps=steps)
+
+
+def test_frames_grow_with_the_step_and_show_idle_slots():
+    trace = tiny_trace()
+    first, last = render_frame(trace, 0, "t"), render_frame(trace, 3, "t")
+    assert first.startswith("<svg") and 'data-step="0"' in first and 'data-step="3"' in last
+    assert first != last
+    assert "#d9d9d9" in last and "#d9d9d9" not in first  # the idle cell appears at step 2
+    assert "slot utilisation 75%" in last  # 6 busy slot-steps of 8
+
+
+def test_trace_round_trips_through_plain_data():
+    trace = tiny_trace()
+    again = Trace.from_dict(trace.to_dict())
+    assert again == trace and again.slot_utilisation == pytest.approx(0.75)
+
+
+def test_frame_subsampling_keeps_the_last_step():
+    assert frame_steps(5, 80) == [0, 1, 2, 3, 4]
+    picks = frame_steps(1000, 50)
+    assert len(picks) <= 51 and picks[0] == 0 and picks[-1] == 999 and picks == sorted(picks)
+
+
+def test_neighbouring_requests_get_distinct_colours():
+    assert len({request_colour(str(i)) for i in range(12)}) == 12
+
+
+def test_decode_is_memory_bound_and_prefill_compute_bound_on_a_gpu():
+    llama, h200 = MODELS["Llama-3-8B (bf16)"], HARDWARE["NVIDIA H200 (bf16)"]
+    prefill = step_cost(llama, "prefill", batch=1, prompt_len=2048, context_len=0, hw=h200)
+    decode = step_cost(llama, "decode", batch=1, prompt_len=2048, context_len=2048, hw=h200)
+    assert prefill["bound"] == "compute" and decode["bound"] == "memory bandwidth"
+    assert 14e9 < decode["weight_bytes"] < 17e9  # ~8B parameters in bf16
+    big_batch = step_cost(llama, "decode", batch=256, prompt_len=1, context_len=128, hw=h200)
+    assert big_batch["intensity"] > 50 * decode["intensity"]  # batching raises decode's intensity
+    with pytest.raises(ValueError, match="phase"):
+        step_cost(llama, "verify", 1, 1, 1, h200)
+
+
+def test_quiz_hides_answers_behind_a_click():
+    html = render_quiz([Question("2+2?", ("3", "4"), 1, "Because.")])
+    assert "<details>" in html and "Because." in html and "<b>B.</b>" in html
+    with pytest.raises(ValueError, match="answer"):
+        Question("?", ("a",), 3, "")
