@@ -45,12 +45,17 @@ def encode_prompt(tokenizer, prompt: str | Sequence[int], max_len: int) -> list[
 
 
 class _Progress:
-    """What both loops share: record each new token, detokenise it, decide whether to stop."""
+    """What both loops share: validate the prompt, seed the sampler, then record each new token,
+    detokenise it and decide whether to stop."""
 
-    def __init__(self, tokenizer, model: CausalLM, prompt_ids: list[int], params: SamplingParams,
-                 on_text: Callable[[str], None] | None, arrival: float):
-        self.params, self.on_text = params, on_text
-        self.prompt_ids, self.token_ids = prompt_ids, []
+    def __init__(self, model: CausalLM, tokenizer, prompt: str | Sequence[int], params: SamplingParams | None,
+                 on_text: Callable[[str], None] | None):
+        arrival = time.perf_counter()
+        self.params = params = params or SamplingParams()
+        self.on_text = on_text
+        self.prompt_ids = prompt_ids = encode_prompt(tokenizer, prompt, model.config.max_position_embeddings)
+        self.token_ids: list[int] = []
+        self.generator = params.make_generator(model.device)
         self.eos_ids = model.config.eos_token_ids
         self.max_len = model.config.max_position_embeddings
         self.detok = IncrementalDetokenizer(tokenizer, prompt_ids, params.stop)
@@ -84,11 +89,8 @@ def generate_without_cache(model: CausalLM, tokenizer, prompt: str | Sequence[in
                            params: SamplingParams | None = None,
                            on_text: Callable[[str], None] | None = None) -> GenerationOutput:
     """The naive loop: each step recomputes attention over the whole sequence. O(n²) work."""
-    params = params or SamplingParams()
-    arrival = time.perf_counter()
-    ids = encode_prompt(tokenizer, prompt, model.config.max_position_embeddings)
-    progress = _Progress(tokenizer, model, ids, params, on_text, arrival)
-    generator = params.make_generator(model.device)
+    progress = _Progress(model, tokenizer, prompt, params, on_text)
+    ids, params, generator = progress.prompt_ids, progress.params, progress.generator
     while True:
         seq = torch.tensor(ids + progress.token_ids, device=model.device)  # (seq_len,)
         positions = torch.arange(len(seq), device=model.device)
@@ -103,11 +105,8 @@ def generate_with_cache(model: CausalLM, tokenizer, prompt: str | Sequence[int],
                         params: SamplingParams | None = None,
                         on_text: Callable[[str], None] | None = None) -> GenerationOutput:
     """Prefill once, then decode one token per step against the stored K/V. O(n) work per step."""
-    params = params or SamplingParams()
-    arrival = time.perf_counter()
-    ids = encode_prompt(tokenizer, prompt, model.config.max_position_embeddings)
-    progress = _Progress(tokenizer, model, ids, params, on_text, arrival)
-    generator = params.make_generator(model.device)
+    progress = _Progress(model, tokenizer, prompt, params, on_text)
+    ids, params, generator = progress.prompt_ids, progress.params, progress.generator
     max_len = min(len(ids) + params.max_new_tokens, model.config.max_position_embeddings)
     cache = ContiguousKVCache.for_model(model.config, num_slots=1, max_len=max_len,
                                         dtype=model.dtype, device=model.device)
