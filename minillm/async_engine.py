@@ -34,7 +34,6 @@ class AsyncLLM:
         self.engine = engine
         self._pending: list[tuple[str, str | Sequence[int], SamplingParams, asyncio.Future, asyncio.Queue | None]] = []
         self._aborts: list[str] = []
-        self._futures: dict[str, asyncio.Future] = {}
         self._streams: dict[str, asyncio.Queue] = {}
         self._ids = itertools.count()
         self._loop_task: asyncio.Task | None = None
@@ -79,13 +78,13 @@ class AsyncLLM:
         pending, self._pending = self._pending, []
         for request_id, prompt, params, future, stream in pending:
             try:
-                self.engine.add_request(prompt, params, request_id=request_id)
+                request = self.engine.add_request(prompt, params, request_id=request_id)
             except ValueError as err:
                 future.set_exception(err)
                 if stream is not None:
                     stream.put_nowait(None)
                 continue
-            self._futures[request_id] = future
+            request.future = future  # the request owns its future (its input field group)
             if stream is not None:
                 self._streams[request_id] = stream
         aborts, self._aborts = self._aborts, []
@@ -94,9 +93,9 @@ class AsyncLLM:
                 self._deliver(request_id)
 
     def _deliver(self, request_id: str) -> None:
+        future = self.engine.requests[request_id].future
         output: RequestOutput = self.engine.output(request_id)
         self.engine.release(request_id)
-        future = self._futures.pop(request_id)
         if not future.done():
             future.set_result(output)
         stream = self._streams.pop(request_id, None)
