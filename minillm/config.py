@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 BATCHING = ("static", "continuous")
-KV_LAYOUTS = ("contiguous",)
+KV_LAYOUTS = ("contiguous", "paged")
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,12 @@ class EngineConfig:
     max_num_seqs: int = 16  # batch slots: requests running at once
     max_model_len: int | None = None  # prompt + output tokens per request; None = the model's context
     max_tokens_per_step: int = 8192  # token budget of one forward pass
-    kv: str = "contiguous"  # where K/V live: one max_model_len slot per running request
+    kv: str = "contiguous"  # "contiguous": a max_model_len slot per running request | "paged": blocks (chapter 4)
+    block_size: int = 16  # tokens per KV block (paged)
+    kv_cache_bytes: int | None = None  # paged KV budget; None: free GPU memory x gpu_memory_utilization on
+    #                                    CUDA, on CPU what the contiguous cache would reserve
+    gpu_memory_utilization: float = 0.9  # share of the GPU's free memory the paged cache may take
+    use_triton: bool | None = None  # paged kernels in Triton; None: on CUDA when triton is installed
     device: str | None = None  # None: cuda when available, else cpu
     dtype: str | None = None  # None: float32 on cpu, the checkpoint's dtype on cuda
 
@@ -29,6 +34,16 @@ class EngineConfig:
             raise ValueError(f"batching must be one of {BATCHING}, got {self.batching!r}")
         if self.kv not in KV_LAYOUTS:
             raise ValueError(f"kv must be one of {KV_LAYOUTS}, got {self.kv!r}")
+        if self.kv == "paged" and self.batching != "continuous":
+            raise ValueError("kv='paged' needs batching='continuous' (preemption re-forms the batch every step)")
+        if not isinstance(self.block_size, int) or not 1 <= self.block_size <= 1024:
+            raise ValueError(f"block_size must be an integer in [1, 1024], got {self.block_size!r}")
+        if self.kv_cache_bytes is not None and (not isinstance(self.kv_cache_bytes, int) or self.kv_cache_bytes < 1):
+            raise ValueError(f"kv_cache_bytes must be a positive integer or None, got {self.kv_cache_bytes!r}")
+        if not isinstance(self.gpu_memory_utilization, int | float) or not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        if self.use_triton not in (None, True, False):
+            raise ValueError(f"use_triton must be None, True or False, got {self.use_triton!r}")
         if not isinstance(self.max_num_seqs, int) or not 1 <= self.max_num_seqs <= 4096:
             raise ValueError(f"max_num_seqs must be an integer in [1, 4096], got {self.max_num_seqs!r}")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):

@@ -9,16 +9,20 @@ Data flows one way; every step is recorded in `engine.trace`.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
 from tqdm.auto import tqdm
 
 from minillm.attention import ContiguousKVCache
+from minillm.attention.paged import PagedKVCache, kv_bytes_per_token
 from minillm.config import EngineConfig
 from minillm.detokenizer import IncrementalDetokenizer
 from minillm.generate import encode_prompt
+from minillm.kv.block_pool import BlockPool
 from minillm.metrics import RequestMetrics
 from minillm.model.decoder import CausalLM
 from minillm.model.loader import load
@@ -27,6 +31,8 @@ from minillm.runner import ModelRunner
 from minillm.sampling import SamplingParams
 from minillm.scheduler import ContinuousScheduler, StaticScheduler
 from minillm.trace import SlotState, StepRecord, Trace
+
+logger = logging.getLogger("minillm")
 
 
 @dataclass
@@ -61,17 +67,44 @@ class LLMEngine:
             raise ValueError(f"max_model_len must be at most the model's context ({context}), "
                              f"got {config.max_model_len}")
         self.max_model_len = config.max_model_len or context
+        self.cache, self.pool = self._make_kv_cache()
         scheduler_cls = StaticScheduler if config.batching == "static" else ContinuousScheduler
         self.scheduler = scheduler_cls(config.max_num_seqs, self.max_model_len, config.max_tokens_per_step,
-                                       model.config.eos_token_ids)
-        self.cache = ContiguousKVCache.for_model(model.config, config.max_num_seqs, self.max_model_len,
-                                                 model.dtype, model.device)
+                                       model.config.eos_token_ids, self.pool)
         self.runner = ModelRunner(model, self.cache)
         self.requests: dict[str, Request] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
-        self.trace = Trace(num_slots=config.max_num_seqs)
+        self.trace = Trace(config.max_num_seqs, max_model_len=self.max_model_len,
+                           block_size=self.pool and self.pool.block_size, num_blocks=self.pool and self.pool.num_blocks)
         self._ids = itertools.count()
         self._t0 = time.perf_counter()
+
+    def _make_kv_cache(self) -> tuple[ContiguousKVCache | PagedKVCache, BlockPool | None]:
+        """A contiguous cache (a max_model_len slot per batch slot), or a paged cache sized from a byte
+        budget: `kv_cache_bytes`, else free GPU memory x `gpu_memory_utilization` on CUDA, else what
+        the contiguous cache would reserve."""
+        config, model, spec = self.config, self.model, self.model.config
+        if config.kv == "contiguous":
+            slots = config.max_num_seqs
+            return ContiguousKVCache.for_model(spec, slots, self.max_model_len, model.dtype, model.device), None
+        per_token = kv_bytes_per_token(spec.num_layers, spec.num_kv_heads, spec.head_dim, model.dtype)
+        budget = config.kv_cache_bytes
+        if budget is None and model.device.type == "cuda":
+            budget = int(torch.cuda.mem_get_info(model.device)[0] * config.gpu_memory_utilization)
+        elif budget is None:
+            budget = config.max_num_seqs * self.max_model_len * per_token
+        num_blocks = budget // (per_token * config.block_size)
+        if num_blocks < 1:
+            raise ValueError(f"a KV budget of {budget} bytes holds no block of {config.block_size} tokens "
+                             f"({per_token * config.block_size} bytes)")
+        use_triton = config.use_triton
+        if use_triton is None and model.device.type == "cuda":
+            from minillm.attention.triton_paged import TRITON_AVAILABLE
+
+            use_triton = TRITON_AVAILABLE
+        cache = PagedKVCache.for_model(spec, num_blocks, config.block_size, model.dtype, model.device, bool(use_triton))
+        logger.info("%s (%s)", cache.describe(), "Triton kernels" if use_triton else "torch reference")
+        return cache, BlockPool(num_blocks, config.block_size)
 
     # ------------------------------------------------------------------ requests
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
@@ -87,12 +120,24 @@ class LLMEngine:
         if len(ids) > self.config.max_tokens_per_step:
             raise ValueError(f"prompt has {len(ids)} tokens, more than max_tokens_per_step="
                              f"{self.config.max_tokens_per_step}: it could never be scheduled")
+        if self.pool is not None:
+            self._check_fits_paged(len(ids), params)
         request = Request(request_id, ids, params, arrival_time or time.perf_counter(),
                           prompt=prompt if isinstance(prompt, str) else None)
         self.requests[request_id] = request
         self.detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, ids, params.stop)
         self.scheduler.add(request)
         return request
+
+    def _check_fits_paged(self, num_prompt_tokens: int, params: SamplingParams) -> None:
+        """A request must fit the pool alone, and its recompute after a preemption must fit one step."""
+        longest = min(num_prompt_tokens + params.max_new_tokens, self.max_model_len)
+        if self.pool.blocks_for(longest) > self.pool.num_blocks:
+            raise ValueError(f"request may grow to {longest} tokens = {self.pool.blocks_for(longest)} blocks, but the "
+                             f"KV cache has only {self.pool.num_blocks} blocks: it could never fit")
+        if longest > self.config.max_tokens_per_step:
+            raise ValueError(f"request may grow to {longest} tokens, more than max_tokens_per_step="
+                             f"{self.config.max_tokens_per_step}: after a preemption it could not be recomputed")
 
     def abort(self, request_id: str) -> bool:
         """Stop a request wherever it is; False if it is unknown or already done."""
@@ -132,15 +177,21 @@ class LLMEngine:
         slots: list[SlotState | None] = [None] * self.config.max_num_seqs
         for slot, request_id in self.scheduler.slot_owners().items():
             chunk = ran.get(slot)
-            phase = "idle" if chunk is None else ("prefill" if chunk.is_prefill else "decode")
-            slots[slot] = SlotState(request_id, 0 if chunk is None else chunk.num_tokens, phase)
-        for chunk in output.chunks:  # requests that finished this step no longer own their slot
+            idle = chunk is None or chunk.is_padding  # padding is computed, but is no useful work
+            phase = "idle" if idle else ("prefill" if chunk.is_prefill else "decode")
+            slots[slot] = SlotState(request_id, 0 if idle else chunk.num_tokens, phase)
+        useful = [c for c in output.chunks if not c.is_padding]
+        for chunk in useful:  # requests that finished this step no longer own their slot
             if slots[chunk.slot] is None:
                 slots[chunk.slot] = SlotState(chunk.request_id, chunk.num_tokens,
                                               "prefill" if chunk.is_prefill else "decode")
-        finished = tuple(c.request_id for c in output.chunks if self.requests[c.request_id].status.is_done)
+        finished = tuple(c.request_id for c in useful if self.requests[c.request_id].status.is_done)
+        running = self.scheduler.running
+        blocks = {r.request_id: tuple(self.pool.block_table(r.request_id)) for r in running} if self.pool else {}
         self.trace.record(StepRecord(len(self.trace.steps), start - self._t0, end - start, tuple(slots),
-                                     tuple(r.request_id for r in output.new_requests), finished))
+                                     tuple(r.request_id for r in output.new_requests), finished,
+                                     output.preempted_ids, {r.request_id: r.num_computed_tokens for r in running},
+                                     blocks))
 
     def output(self, request_id: str) -> RequestOutput:
         r = self.requests[request_id]

@@ -2,7 +2,8 @@
 
     WAITING ──admit──► RUNNING ──EOS / length / stop──► FINISHED
        ▲                  │
-       └──── preempt ─────┘ (chapter 4)          any live state ──abort──► ABORTED
+    PREEMPTED ◄─preempt───┘ (chapter 4: out of KV blocks; it waits first in line, then recomputes)
+                                                  any live state ──abort──► ABORTED
 
 The fields fall in three groups, filled at three moments: the **input** when the request is
 submitted, the **state** while the engine runs it, the **output** when it ends.
@@ -21,6 +22,7 @@ from minillm.sampling import SamplingParams
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
+    PREEMPTED = "preempted"  # its KV was freed; back in the queue, it recomputes everything it had
     FINISHED = "finished"
     ABORTED = "aborted"
 
@@ -43,7 +45,9 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
-    slot: int | None = None  # the KV-cache slot it occupies while RUNNING
+    slot: int | None = None  # its batch slot while RUNNING: with a contiguous cache also its KV
+    #                          location; with a paged cache its blocks are the block pool's table under its id
+    num_preemptions: int = 0
 
     # --- output: filled as it produces tokens and when it ends -----------------------------------
     finish_reason: str | None = None  # "stop" | "length" | "abort"

@@ -1,7 +1,8 @@
 """What the engine really did, step by step: plain, serialisable records for widgets and tests.
 
     step 7:  slot 0 [A decode 1] | slot 1 [B prefill 12] | slot 2 [idle] | slot 3 [C decode 1]
-             admitted: B    finished: A    12.4 ms
+             admitted: B    finished: A    preempted: -    12.4 ms
+             KV after the step: A 40 tokens, B 12, C 9 (paged: A in blocks [3, 0, 5], ...)
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ class StepRecord:
     slots: tuple[SlotState | None, ...]  # one entry per slot; None = free
     admitted: tuple[str, ...]
     finished: tuple[str, ...]
+    preempted: tuple[str, ...] = ()
+    kv_tokens: dict[str, int] = field(default_factory=dict)  # tokens in the KV cache per request, after the step
+    blocks: dict[str, tuple[int, ...]] = field(default_factory=dict)  # paged cache: each request's block table
 
     @property
     def num_tokens(self) -> int:
@@ -38,6 +42,9 @@ class StepRecord:
 class Trace:
     num_slots: int
     steps: list[StepRecord] = field(default_factory=list)
+    max_model_len: int | None = None  # what a contiguous slot reserves per request
+    block_size: int | None = None  # paged cache only
+    num_blocks: int | None = None  # paged cache only
 
     def record(self, step: StepRecord) -> None:
         self.steps.append(step)
@@ -50,11 +57,14 @@ class Trace:
         return sum(s.busy_slots for s in self.steps) / (len(self.steps) * self.num_slots)
 
     def to_dict(self) -> dict:
-        return {"num_slots": self.num_slots, "steps": [asdict(s) for s in self.steps]}
+        return {"num_slots": self.num_slots, "steps": [asdict(s) for s in self.steps],
+                "max_model_len": self.max_model_len, "block_size": self.block_size, "num_blocks": self.num_blocks}
 
     @classmethod
     def from_dict(cls, data: dict) -> Trace:
         steps = [StepRecord(s["step"], s["start_time"], s["duration"],
                             tuple(None if x is None else SlotState(**x) for x in s["slots"]),
-                            tuple(s["admitted"]), tuple(s["finished"])) for s in data["steps"]]
-        return cls(data["num_slots"], steps)
+                            tuple(s["admitted"]), tuple(s["finished"]), tuple(s.get("preempted", ())),
+                            dict(s.get("kv_tokens", {})), {k: tuple(v) for k, v in s.get("blocks", {}).items()})
+                 for s in data["steps"]]
+        return cls(data["num_slots"], steps, data.get("max_model_len"), data.get("block_size"), data.get("num_blocks"))

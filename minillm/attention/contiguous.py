@@ -1,12 +1,15 @@
 """A contiguous KV cache: each sequence owns one slot of `max_len` positions, reserved up front.
 
-    k[layer]: (num_slots, max_len, num_kv_heads, head_dim)
+    k[layer]: (num_slots, num_kv_heads, max_len, head_dim)
 
-    slot s:  | cached (start tokens) | new (query_len) | ...unused until max_len... |
-              0                  start          start+query_len               max_len
+    slot s, one head:  | cached (start tokens) | new (query_len) | ...unused until max_len... |
+                        0                  start          start+query_len               max_len
 
 Simple and fast to index, but every slot reserves `max_len` tokens whether the sequence uses them
 or not: the waste that chapter 4's paged cache removes.
+
+Heads come before positions so that `k[layer][:, :, :n]` — every slot's first n positions — is a
+*view*: decode attention reads the cache in place instead of copying each slot's keys out.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ class ContiguousKVCache:
 
     def __init__(self, num_layers: int, num_slots: int, max_len: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
-        shape = (num_slots, max_len, num_kv_heads, head_dim)
+        shape = (num_slots, num_kv_heads, max_len, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.num_slots, self.max_len = num_slots, max_len
@@ -38,6 +41,8 @@ class ContiguousKVCache:
     def batch(self, slots: list[int], starts: list[int], query_lens: list[int]) -> ContiguousBatch:
         """The backend for one forward pass: sequence i writes query_lens[i] tokens into slot
         slots[i] at positions starts[i]..., attending to everything before them in its slot."""
+        if len(set(slots)) != len(slots):
+            raise ValueError(f"a slot may appear once per forward pass, got slots {slots}")
         for slot, start, n in zip(slots, starts, query_lens):
             if not 0 <= slot < self.num_slots:
                 raise ValueError(f"slot {slot} out of range [0, {self.num_slots})")
@@ -47,9 +52,16 @@ class ContiguousKVCache:
 
 
 class ContiguousBatch:
-    """The backend of one forward pass. Decode rows (one new token each) attend in one batched
-    call over their slots, masked to each one's length; prefill rows attend one sequence at a time.
-    Index tensors are built once here and reused by every layer."""
+    """The backend of one forward pass.
+
+    Decode rows (one new token each) attend in ONE call. When they fill most of the slots they read
+    the cache in place: every slot up to the highest decoding one takes part, and a slot that is
+    not decoding gets a zero query whose output is dropped. When they are few (the tail of a run),
+    their slots are gathered instead, so three stragglers do not pay for sixty-four slots. GQA
+    needs no copies either: the `group` query heads sharing a KV head are laid out as that head's
+    query rows, (slots, kv_heads, group, head_dim) against (slots, kv_heads, len, head_dim).
+    Prefill rows attend one sequence at a time. Index tensors are built once here and reused by
+    every layer."""
 
     def __init__(self, cache: ContiguousKVCache, slots: list[int], starts: list[int], query_lens: list[int]):
         self.cache = cache
@@ -60,32 +72,50 @@ class ContiguousBatch:
         self.decode_rows = torch.tensor([offsets[i] for i in decode], dtype=torch.long, device=device)
         self.decode_slots = torch.tensor([slots[i] for i in decode], dtype=torch.long, device=device)
         self.decode_pos = torch.tensor([starts[i] for i in decode], dtype=torch.long, device=device)
-        self.decode_len = max((starts[i] + 1 for i in decode), default=0)
-        # (num_decode, 1, 1, decode_len): key j is visible to row i when j <= its position
-        visible = torch.arange(self.decode_len, device=device)[None, :] <= self.decode_pos[:, None]
+        highest = max((slots[i] + 1 for i in decode), default=0)
+        self.in_place = 2 * len(decode) >= highest  # else gather the decoding slots
+        self.num_decode_slots = highest if self.in_place else len(decode)  # slots taking part
+        self.decode_len = max((starts[i] + 1 for i in decode), default=0)  # keys 0..this-1 are read
+        # (num_decode_slots, 1, 1, decode_len): slot s sees key j when j <= its position; idle slots see key 0
+        if self.in_place:
+            self.query_index = self.decode_slots  # decode row i -> row of the attention batch
+            last = torch.zeros(highest, dtype=torch.long, device=device)
+            last[self.decode_slots] = self.decode_pos
+        else:
+            self.query_index = torch.arange(len(decode), device=device)
+            last = self.decode_pos
+        visible = torch.arange(self.decode_len, device=device)[None, :] <= last[:, None]
         self.decode_mask = visible[:, None, None]
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        """q: (num_tokens, heads, head_dim); k, v: (num_tokens, kv_heads, head_dim) -> like q."""
         k_cache, v_cache = self.cache.k[layer], self.cache.v[layer]
-        out = torch.empty_like(q)  # (num_tokens, heads, head_dim)
-        if len(self.decode_rows):
-            k_cache[self.decode_slots, self.decode_pos] = k[self.decode_rows]
-            v_cache[self.decode_slots, self.decode_pos] = v[self.decode_rows]
-            keys = k_cache[self.decode_slots, : self.decode_len].transpose(1, 2)  # (B, kv_heads, len, head_dim)
-            values = v_cache[self.decode_slots, : self.decode_len].transpose(1, 2)
-            queries = q[self.decode_rows].unsqueeze(2)  # (B, heads, 1, head_dim)
-            o = F.scaled_dot_product_attention(queries, keys, values, attn_mask=self.decode_mask, scale=scale,
-                                               enable_gqa=True)
-            out[self.decode_rows] = o.squeeze(2)
+        out = torch.empty_like(q)
+        if self.num_decode_slots:
+            self._decode(q, k, v, k_cache, v_cache, scale, out)
         for offset, slot, start, n in self.prefills:
             end = start + n
-            k_cache[slot, start:end] = k[offset : offset + n]
-            v_cache[slot, start:end] = v[offset : offset + n]
+            k_cache[slot, :, start:end] = k[offset : offset + n].transpose(0, 1)
+            v_cache[slot, :, start:end] = v[offset : offset + n].transpose(0, 1)
             qs = q[offset : offset + n].transpose(0, 1)[None]  # (1, heads, n, head_dim)
-            ks = k_cache[slot, :end].transpose(0, 1)[None]  # (1, kv_heads, end, head_dim)
-            vs = v_cache[slot, :end].transpose(0, 1)[None]
             # query i (absolute position start+i) sees keys 0..start+i
             mask = torch.ones(n, end, dtype=torch.bool, device=q.device).tril(diagonal=start)
-            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=True)
+            o = F.scaled_dot_product_attention(qs, k_cache[slot, None, :, :end], v_cache[slot, None, :, :end],
+                                               attn_mask=mask, scale=scale, enable_gqa=True)
             out[offset : offset + n] = o[0].transpose(0, 1)
         return out
+
+    def _decode(self, q, k, v, k_cache, v_cache, scale, out) -> None:
+        rows, slots, length = self.decode_rows, self.decode_slots, self.decode_len
+        k_cache[slots, :, self.decode_pos] = k[rows]  # (num_decode, kv_heads, head_dim)
+        v_cache[slots, :, self.decode_pos] = v[rows]
+        num_slots, (_, heads, head_dim), kv_heads = self.num_decode_slots, q.shape, k.shape[1]
+        if self.in_place:  # (num_slots, kv_heads, len, head_dim), views of the cache
+            keys, values = k_cache[:num_slots, :, :length], v_cache[:num_slots, :, :length]
+        else:  # copies of the decoding slots only
+            keys, values = k_cache[slots, :, :length], v_cache[slots, :, :length]
+        queries = q.new_zeros(num_slots, heads, head_dim)
+        queries[self.query_index] = q[rows]
+        queries = queries.view(num_slots, kv_heads, heads // kv_heads, head_dim)  # GQA group as query rows
+        o = F.scaled_dot_product_attention(queries, keys, values, attn_mask=self.decode_mask, scale=scale)
+        out[rows] = o.reshape(num_slots, heads, head_dim)[self.query_index]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Collection, Mapping
 
+from minillm.kv.block_pool import BlockPool
 from minillm.request import Request, RequestStatus
 from minillm.scheduler.output import ScheduledChunk, SchedulerOutput
 from minillm.stopping import stop_reason
@@ -17,7 +18,8 @@ from minillm.stopping import stop_reason
 
 class Scheduler:
     def __init__(self, max_num_seqs: int, max_model_len: int, max_tokens_per_step: int,
-                 eos_token_ids: Collection[int]):
+                 eos_token_ids: Collection[int], pool: BlockPool | None = None):
+        self.pool = pool  # the paged cache's bookkeeping; None with a contiguous cache
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
         self.max_tokens_per_step = max_tokens_per_step
@@ -26,6 +28,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.free_slots: list[int] = list(range(max_num_seqs))
         self._finished_ids: list[str] = []  # reported to the runner in the next output
+        self._preempted_ids: list[str] = []  # reported in the next output (for the trace)
 
     # ------------------------------------------------------------------ queue
     def add(self, request: Request) -> None:
@@ -48,16 +51,18 @@ class Scheduler:
         request.status = RequestStatus.RUNNING
         self.running.append(request)
 
-    @staticmethod
-    def _chunk(request: Request, num_tokens: int) -> ScheduledChunk:
+    def _chunk(self, request: Request, num_tokens: int) -> ScheduledChunk:
         start = request.num_computed_tokens
         end = start + num_tokens
+        blocks = tuple(self.pool.block_table(request.request_id)) if self.pool is not None else ()
         return ScheduledChunk(request.request_id, request.slot, start, tuple(request.all_token_ids[start:end]),
-                              samples=end == request.num_tokens, is_prefill=start < request.num_prompt_tokens)
+                              samples=end == request.num_tokens, is_prefill=start < request.num_prompt_tokens,
+                              block_table=blocks)
 
     def _output(self, chunks: list[ScheduledChunk], new: list[Request]) -> SchedulerOutput:
         finished, self._finished_ids = tuple(self._finished_ids), []
-        return SchedulerOutput(tuple(chunks), tuple(new), finished)
+        preempted, self._preempted_ids = tuple(self._preempted_ids), []
+        return SchedulerOutput(tuple(chunks), tuple(new), finished, preempted)
 
     # ------------------------------------------------------------------ results
     def update(self, output: SchedulerOutput, sampled: Mapping[str, int]) -> list[Request]:
@@ -90,6 +95,8 @@ class Scheduler:
         if request in self.running:
             self.running.remove(request)
             self._release_slot(request)
+        if self.pool is not None and request.request_id in self.pool.tables:
+            self.pool.free(request.request_id)
         self._finished_ids.append(request.request_id)
 
     def _release_slot(self, request: Request) -> None:

@@ -1,4 +1,4 @@
-"""Continuous (iteration-level) batching, chapter 3.
+"""Continuous (iteration-level) batching, chapter 3 — and its paged-KV form, chapter 4.
 
 Every step, within the token budget:
   1. every running request gets the tokens it needs next — one (decode) or its prompt (prefill);
@@ -6,10 +6,18 @@ Every step, within the token budget:
      prompt fits in what is left of the budget.
 Prefill and decode then run in ONE forward pass. There is no phase flag: a request's
 `num_computed_tokens` says how many of its tokens are cached, and it is granted the rest.
+
+With a paged cache (a `BlockPool`), a running request's table grows a block whenever its tokens
+cross a block boundary. When the pool is empty, the NEWEST running request is **preempted by
+recompute**: its blocks are freed, its `num_computed_tokens` drops to 0, and it goes back to the
+front of the queue; when it returns, its prompt and the tokens it had generated are prefilled
+again. A waiting request is admitted only if the pool can hold all its tokens — admission never
+preempts anyone.
 """
 
 from __future__ import annotations
 
+from minillm.request import Request, RequestStatus
 from minillm.scheduler.base import Scheduler
 from minillm.scheduler.output import SchedulerOutput
 
@@ -18,16 +26,50 @@ class ContinuousScheduler(Scheduler):
     def schedule(self) -> SchedulerOutput:
         budget = self.max_tokens_per_step
         chunks, new = [], []
-        for request in self.running:
+        for request in list(self.running):  # oldest first; preemption takes from the newest end
             need = request.num_uncomputed_tokens
-            if need > budget:
-                continue  # its turn comes next step
+            if request.status is not RequestStatus.RUNNING or need > budget:
+                continue  # preempted just now, or its turn comes next step
+            if not self._grow_blocks(request):
+                continue  # it was the newest: preempted itself
             chunks.append(self._chunk(request, need))
             budget -= need
-        while self.waiting and self.free_slots and self.waiting[0].num_uncomputed_tokens <= budget:
+        # admit while slots, budget and blocks allow (not in a step that had to preempt: no thrashing)
+        while self.waiting and self.free_slots and not self._preempted_ids and self._fits(self.waiting[0], budget):
             request = self.waiting.popleft()
             self._admit(request)
+            if self.pool is not None:
+                self.pool.allocate(request.request_id, request.num_tokens)
             chunks.append(self._chunk(request, request.num_uncomputed_tokens))
             budget -= request.num_uncomputed_tokens
             new.append(request)
         return self._output(chunks, new)
+
+    def _fits(self, request: Request, budget: int) -> bool:
+        if request.num_uncomputed_tokens > budget:
+            return False
+        return self.pool is None or self.pool.can_hold(request.request_id, request.num_tokens)
+
+    def _grow_blocks(self, request: Request) -> bool:
+        """Give a running request the blocks for all its tokens, preempting the newest running
+        requests while the pool is short. False if `request` itself had to be preempted."""
+        if self.pool is None:
+            return True
+        while not self.pool.can_hold(request.request_id, request.num_tokens):
+            victim = self.running[-1]
+            self._preempt(victim)
+            if victim is request:
+                return False
+        self.pool.append(request.request_id, request.num_tokens)
+        return True
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self._release_slot(request)
+        self.pool.free(request.request_id)
+        request.slot = None
+        request.num_computed_tokens = 0  # everything is recomputed when it comes back
+        request.status = RequestStatus.PREEMPTED
+        request.num_preemptions += 1
+        self.waiting.appendleft(request)
+        self._preempted_ids.append(request.request_id)

@@ -16,6 +16,8 @@ class ScheduledChunk:
 
     A prefill chunk brings the prompt, a decode chunk the one token sampled last step. When the
     chunk reaches the request's newest token (`samples`), its last logits give the next token.
+    A padding chunk is a finished member of a static batch: it still occupies its row of the
+    batch, so it runs one pad token whose result is thrown away.
     """
 
     request_id: str
@@ -24,6 +26,8 @@ class ScheduledChunk:
     token_ids: tuple[int, ...]
     samples: bool
     is_prefill: bool
+    is_padding: bool = False
+    block_table: tuple[int, ...] = ()  # with a paged cache: the request's blocks, enough for start + len
 
     @property
     def num_tokens(self) -> int:
@@ -35,9 +39,11 @@ class SchedulerOutput:
     chunks: tuple[ScheduledChunk, ...]
     new_requests: tuple[Request, ...]  # admitted this step: the runner sets up their sampling state
     finished_ids: tuple[str, ...]  # ended since the last step: the runner forgets them
+    preempted_ids: tuple[str, ...] = ()  # lost their KV blocks this step; they wait to recompute
 
     @property
     def num_tokens(self) -> int:
+        """Tokens the forward pass runs, padding included."""
         return sum(c.num_tokens for c in self.chunks)
 
     @property

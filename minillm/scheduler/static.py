@@ -1,16 +1,20 @@
 """Static batching, chapter 2 — the "before" picture.
 
 Requests are taken in batches of up to `max_num_seqs`, prefilled together, and decoded together
-until the LAST of them finishes. A request that finishes early leaves its slot idle: nobody may
-take it until the whole batch is done. (A dense implementation would also pad every prompt to the
-longest; minillm's flat batch needs no padding, so the waste shows up only as idle slots.)
+until the LAST of them finishes. The batch keeps its shape while it lives: a request that finishes
+early keeps its slot *and* its row of every forward pass, where it runs a pad token whose result is
+thrown away — exactly what `transformers.generate` does with a padded batch. Nobody may take the
+slot until the whole batch is done. (A dense implementation would also pad every prompt to the
+longest; minillm's flat batch needs no prompt padding.)
 """
 
 from __future__ import annotations
 
 from minillm.request import Request
 from minillm.scheduler.base import Scheduler
-from minillm.scheduler.output import SchedulerOutput
+from minillm.scheduler.output import ScheduledChunk, SchedulerOutput
+
+PAD_TOKEN_ID = 0  # what a finished row runs; any id would do, its logits are never read
 
 
 class StaticScheduler(Scheduler):
@@ -30,8 +34,15 @@ class StaticScheduler(Scheduler):
                 self._admit(request)
                 self.batch.append(request)
                 new.append(request)
-        chunks = [self._chunk(r, r.num_uncomputed_tokens) for r in self.running]
+        chunks = [self._chunk(r, r.num_uncomputed_tokens) if not r.status.is_done else self._padding(r)
+                  for r in self.batch if self.running]
         return self._output(chunks, new)
+
+    def _padding(self, request: Request) -> ScheduledChunk:
+        """A finished member's row: one pad token at a position inside its own (dead) slot."""
+        position = min(request.num_computed_tokens, self.max_model_len - 1)
+        return ScheduledChunk(request.request_id, request.slot, position, (PAD_TOKEN_ID,), samples=False,
+                              is_prefill=False, is_padding=True)
 
     def _release_slot(self, request: Request) -> None:
         pass  # the slot stays with the batch until every member has finished

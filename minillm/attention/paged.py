@@ -1,0 +1,121 @@
+"""The paged KV cache: K/V storage cut into fixed-size blocks, and the backend that attends through
+block tables.
+
+    k[layer]: (num_blocks, block_size, num_kv_heads, head_dim)
+
+Which blocks belong to whom is the block pool's business (`minillm/kv/block_pool.py`); here a
+sequence arrives with its block table, and token t of it lives at slot
+`table[t // block_size] * block_size + t % block_size`. The operations come from
+`minillm/attention/paged_ops.py` (torch, runs everywhere) or, on CUDA with Triton installed,
+`minillm/attention/triton_paged.py` (same signatures).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from minillm.attention import paged_ops
+
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """K and V of one token in every layer: 2 x layers x kv_heads x head_dim x bytes."""
+    return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+class PagedKVCache:
+    """The storage: a pile of `num_blocks` blocks per layer, for K and for V."""
+
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", use_triton: bool = False):
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.bytes_per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
+        if use_triton:
+            from minillm.attention import triton_paged
+
+            if not triton_paged.TRITON_AVAILABLE:
+                raise RuntimeError("use_triton=True but triton is not installed")
+            self.ops = triton_paged
+        else:
+            self.ops = paged_ops
+
+    @classmethod
+    def for_model(cls, config, num_blocks: int, block_size: int, dtype: torch.dtype, device,
+                  use_triton: bool = False) -> PagedKVCache:
+        return cls(config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim, dtype, device,
+                   use_triton)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+    @property
+    def num_slots(self) -> int:
+        """Tokens the cache can hold."""
+        return self.num_blocks * self.block_size
+
+    def describe(self) -> str:
+        return (f"paged KV cache: {self.num_blocks} blocks x {self.block_size} tokens = {self.num_slots} tokens, "
+                f"{self.bytes_per_token / 1024:.1f} KiB per token, {self.nbytes / 2**20:.1f} MiB")
+
+    def batch(self, block_tables: Sequence[Sequence[int]], starts: list[int], query_lens: list[int]) -> PagedBatch:
+        """The backend for one forward pass: sequence i writes query_lens[i] tokens at positions
+        starts[i]... through its block table, attending to everything before them."""
+        for table, start, n in zip(block_tables, starts, query_lens):
+            if start + n > len(table) * self.block_size:
+                raise ValueError(f"a sequence of {start + n} tokens does not fit its {len(table)} blocks")
+            if any(not 0 <= b < self.num_blocks for b in table):
+                raise ValueError(f"block table {list(table)} has ids outside [0, {self.num_blocks})")
+        return PagedBatch(self, block_tables, starts, query_lens)
+
+
+class PagedBatch:
+    """The backend of one forward pass on the paged cache.
+
+    Every new token's K/V is written to its slot in one call (`store_kv`). Decode rows then attend
+    in one `paged_decode_attention` call through their block tables; prefill rows gather their
+    blocks and attend one sequence at a time. Index tensors are built once and reused by every layer.
+    """
+
+    def __init__(self, cache: PagedKVCache, block_tables: Sequence[Sequence[int]], starts: list[int],
+                 query_lens: list[int]):
+        self.cache = cache
+        device, size = cache.k[0].device, cache.block_size
+        slots = [table[p // size] * size + p % size
+                 for table, start, n in zip(block_tables, starts, query_lens) for p in range(start, start + n)]
+        self.slot_mapping = torch.tensor(slots, dtype=torch.long, device=device)  # (num_tokens,)
+        offsets = [0, *itertools.accumulate(query_lens)][:-1]
+        decode = [i for i, n in enumerate(query_lens) if n == 1]
+        self.decode_rows = torch.tensor([offsets[i] for i in decode], dtype=torch.long, device=device)
+        width = max((len(block_tables[i]) for i in decode), default=0)
+        # (num_decode, width): tables padded with block 0, which is never read past a context length
+        self.decode_tables = torch.tensor([list(block_tables[i]) + [0] * (width - len(block_tables[i]))
+                                           for i in decode], dtype=torch.int32, device=device)
+        self.decode_context_lens = torch.tensor([starts[i] + 1 for i in decode], dtype=torch.int32, device=device)
+        self.prefills = [(offsets[i], torch.tensor(block_tables[i], dtype=torch.long, device=device), starts[i], n)
+                         for i, n in enumerate(query_lens) if n > 1]
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        """q: (num_tokens, heads, head_dim); k, v: (num_tokens, kv_heads, head_dim) -> like q."""
+        ops, k_cache, v_cache = self.cache.ops, self.cache.k[layer], self.cache.v[layer]
+        ops.store_kv(k, v, k_cache, v_cache, self.slot_mapping)
+        out = torch.empty_like(q)
+        if len(self.decode_rows):
+            out[self.decode_rows] = ops.paged_decode_attention(q[self.decode_rows], k_cache, v_cache,
+                                                               self.decode_tables, self.decode_context_lens, scale)
+        for offset, table, start, n in self.prefills:
+            end = start + n
+            keys = paged_ops.gather_kv(k_cache, table, end).transpose(0, 1)[None]  # (1, kv_heads, end, head_dim)
+            values = paged_ops.gather_kv(v_cache, table, end).transpose(0, 1)[None]
+            qs = q[offset : offset + n].transpose(0, 1)[None]  # (1, heads, n, head_dim)
+            # query i (absolute position start+i) sees keys 0..start+i
+            mask = torch.ones(n, end, dtype=torch.bool, device=q.device).tril(diagonal=start)
+            o = F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
+            out[offset : offset + n] = o[0].transpose(0, 1)
+        return out

@@ -1,0 +1,59 @@
+"""Paged-attention operations in plain torch: the reference every other implementation must match.
+
+The paged cache of one layer is a pile of fixed-size blocks; a sequence's tokens live in the
+blocks its block table lists, in order:
+
+    k_cache: (num_blocks, block_size, num_kv_heads, head_dim)
+
+    block table of seq 0:  [7, 2, 9]          block_size = 4, context_len = 10
+    token t lives in block table[t // 4] at offset t % 4; its *slot* is block * 4 + offset
+    tokens 0-3 -> block 7 | tokens 4-7 -> block 2 | tokens 8-9 -> block 9 (2 of 4 used)
+
+`minillm/attention/triton_paged.py` has Triton kernels with the same signatures, used on CUDA.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Write each new token's K and V into its slot.
+
+    k, v: (num_tokens, num_kv_heads, head_dim); slot_mapping: (num_tokens,) int, slot = block * block_size + offset.
+    """
+    num_blocks, block_size, kv_heads, head_dim = k_cache.shape
+    k_cache.view(num_blocks * block_size, kv_heads, head_dim)[slot_mapping] = k
+    v_cache.view(num_blocks * block_size, kv_heads, head_dim)[slot_mapping] = v
+
+
+def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    """One sequence's first `length` tokens, in order: (length, num_kv_heads, head_dim) (a copy)."""
+    block_size = cache.shape[1]
+    num_blocks = -(-length // block_size)
+    return cache[block_table[:num_blocks]].flatten(0, 1)[:length]
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """Each sequence's one new query attends over its `context_len` cached tokens (its own included).
+
+    q: (num_seqs, num_heads, head_dim); block_tables: (num_seqs, max_blocks) int, entries past a
+    sequence's last block are never read; context_lens: (num_seqs,) int >= 1.
+    Returns (num_seqs, num_heads, head_dim).
+    """
+    num_seqs, heads, head_dim = q.shape
+    block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    longest = int(context_lens.max())
+    num_blocks = -(-longest // block_size)
+    # (num_seqs, num_blocks * block_size, kv_heads, head_dim): every sequence's blocks, padded to the longest
+    keys = k_cache[block_tables[:, :num_blocks]].flatten(1, 2)[:, :longest]
+    values = v_cache[block_tables[:, :num_blocks]].flatten(1, 2)[:, :longest]
+    visible = torch.arange(longest, device=q.device)[None, :] < context_lens[:, None]  # (num_seqs, longest)
+    # GQA: the query heads sharing a KV head become that head's query rows
+    queries = q.view(num_seqs, kv_heads, heads // kv_heads, head_dim)
+    out = F.scaled_dot_product_attention(queries, keys.transpose(1, 2), values.transpose(1, 2),
+                                         attn_mask=visible[:, None, None], scale=scale)
+    return out.reshape(num_seqs, heads, head_dim)
