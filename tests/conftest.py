@@ -1,6 +1,15 @@
-"""Checks that hold after every test that builds an engine (DESIGN.md, invariant 3)."""
+"""Shared fixtures: a tiny model, and the checks that hold after every test that builds an engine
+(DESIGN.md, invariant 3)."""
+
+import os
 
 import pytest
+import torch
+
+# Without a GPU the Triton kernels run in Triton's interpreter. Triton reads this variable when it is
+# first imported, so it is set here, before any test module can import it.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from minillm.engine import LLMEngine
 from minillm.model import load_model

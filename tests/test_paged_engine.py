@@ -96,3 +96,16 @@ def test_kv_budget_gives_the_number_of_blocks(model):
         LLMEngine(model, ByteTokenizer(), EngineConfig(kv="paged", kv_cache_bytes=10))
     with pytest.raises(ValueError, match="continuous"):
         EngineConfig(batching="static", kv="paged")
+
+
+def test_the_engine_runs_the_triton_kernels(model):
+    """use_triton=True wires minillm/attention/triton_paged.py into the engine (interpreted on CPU,
+    tests/conftest.py sets TRITON_INTERPRET): same tokens, with a preemption on the way."""
+    pytest.importorskip("triton")
+    engine = paged_engine(model, block_size=8, num_blocks=5, use_triton=True)
+    assert engine.cache.ops.__name__ == "minillm.attention.triton_paged"
+    arrivals = [(0, [5, 6, 7], 12), (0, [8, 9], 14), (0, [10, 11, 12, 13], 10)]
+    outputs = run_to_completion(engine, arrivals)
+    assert any(step.preempted for step in engine.trace.steps)
+    for (_, prompt, n), got in zip(arrivals, outputs.values()):
+        assert got == _reference(model, tuple(prompt), n)

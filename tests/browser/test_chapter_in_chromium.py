@@ -1,5 +1,7 @@
 """A real browser: JupyterLab in headless Chromium runs a chapter, and its animated widget renders
-and moves when Play is pressed. Skipped, saying so, where Chromium is not installed."""
+and moves when Play is pressed. Skipped, saying so, where Chromium is not installed.
+
+    chapter 03: the slot timeline (svg.slot-timeline)   chapter 04: the fragmentation visualizer (svg.kv-memory)"""
 
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
 CHROMIUM = os.environ.get("MINILLM_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-CHAPTERS = ["chapters/03_continuous_batching.ipynb"]
+CHAPTERS = [("chapters/03_continuous_batching.ipynb", "svg.slot-timeline"),
+            ("chapters/04_paged_kv.ipynb", "svg.kv-memory")]
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Chromium not found: the browser test was skipped "
                                  "(apt-get install chromium, or set MINILLM_CHROMIUM)")
@@ -52,8 +55,8 @@ def lab():
     proc.wait(timeout=30)
 
 
-@pytest.mark.parametrize("chapter", CHAPTERS)
-def test_chapter_runs_and_its_timeline_animates(lab, chapter):
+@pytest.mark.parametrize("chapter,widget", CHAPTERS, ids=[Path(c).stem for c, _ in CHAPTERS])
+def test_chapter_runs_and_its_animation_advances(lab, chapter, widget):
     from playwright.sync_api import sync_playwright
 
     url, token = lab
@@ -68,14 +71,14 @@ def test_chapter_runs_and_its_timeline_animates(lab, chapter):
         page.wait_for_timeout(3000)  # let the kernel start
         page.click("text=Run")  # the menu
         page.click("text=Run All Cells")
-        timeline = page.locator("svg.slot-timeline:visible").first
+        timeline = page.locator(f"{widget}:visible").first
         timeline.wait_for(timeout=300_000)
         timeline.scroll_into_view_if_needed()
         before = timeline.get_attribute("data-step")
         page.locator(".widget-play button").first.click()  # ▶ Play
         page.wait_for_timeout(2500)
-        after = page.locator("svg.slot-timeline:visible").first.get_attribute("data-step")
+        after = page.locator(f"{widget}:visible").first.get_attribute("data-step")
         page.screenshot(path=str(ARTIFACTS / f"{Path(chapter).stem}.png"), full_page=False)
         browser.close()
     assert before is not None and after is not None
-    assert int(after) > int(before), f"the timeline did not advance after Play ({before} -> {after})"
+    assert int(after) > int(before), f"{widget} did not advance after Play ({before} -> {after})"

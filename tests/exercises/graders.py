@@ -278,3 +278,87 @@ def matches_the_engine_scheduler_on_random_queues(impl):
         assert (list(runs), list(admitted)) == (want_runs, want_admitted), (
             f"trial {trial}: running {running}, waiting {waiting}, {free} free slots, budget {budget}: "
             f"engine runs {want_runs} admits {want_admitted}; you run {list(runs)} admit {list(admitted)}")
+
+
+# ----------------------------------------------------------------------------- ch04.allocate
+@case("ch04.allocate", "ch04_block_allocator", "BlockAllocator")
+def allocates_from_the_front_with_ref_count_one(cls):
+    pool = cls(num_blocks=5, block_size=4)
+    assert pool.allocate(2) == [0, 1], "allocate(2) on a fresh pool should return blocks [0, 1]"
+    assert pool.allocate(1) == [2]
+    assert pool.ref_counts == [1, 1, 1, 0, 0], f"ref counts should be [1, 1, 1, 0, 0], got {pool.ref_counts}"
+    assert list(pool.free_queue) == [3, 4]
+
+
+@case("ch04.allocate", "ch04_block_allocator", "BlockAllocator")
+def running_out_raises_and_takes_nothing(cls):
+    pool = cls(num_blocks=3, block_size=4)
+    pool.allocate(2)
+    try:
+        pool.allocate(2)
+    except MemoryError:
+        pass
+    else:
+        raise AssertionError("allocate(2) with 1 free block should raise MemoryError")
+    assert list(pool.free_queue) == [2] and pool.ref_counts == [1, 1, 0], "a failed allocate must take no block"
+
+
+@case("ch04.allocate", "ch04_block_allocator", "BlockAllocator")
+def append_grows_a_table_only_at_block_boundaries(cls):
+    pool = cls(num_blocks=6, block_size=4)
+    table = pool.allocate(1)  # holds tokens 0-3
+    assert pool.append(table, 4) == [], "4 tokens still fit one block of 4"
+    assert pool.append(table, 5) == [1] and table == [0, 1], "the 5th token needs a second block"
+    assert pool.append(table, 12) == [2] and table == [0, 1, 2]
+    assert pool.append(table, 7) == [] and table == [0, 1, 2], "append never shrinks a table"
+
+
+@case("ch04.allocate", "ch04_block_allocator", "BlockAllocator")
+def shared_blocks_return_when_the_last_holder_frees(cls):
+    pool = cls(num_blocks=4, block_size=4)
+    a = pool.allocate(2)
+    pool.incref([a[0]])  # a second request shares block 0
+    pool.free(a)
+    assert pool.ref_counts[:2] == [1, 0], f"after freeing [0, 1] once, counts should be [1, 0]: {pool.ref_counts}"
+    assert list(pool.free_queue) == [2, 3, 1], "block 1 goes to the BACK of the free queue; block 0 is still held"
+    pool.free([0])
+    assert list(pool.free_queue) == [2, 3, 1, 0]
+    try:
+        pool.free([0])
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("freeing a free block (double free) should raise ValueError")
+
+
+# ----------------------------------------------------------------------------- ch04.slot_mapping
+@case("ch04.slot_mapping", "ch04_slot_mapping", "slot_mapping")
+def maps_positions_through_the_table(fn):
+    got = fn([7, 2, 9], 4, 0, 10)
+    assert got == [28, 29, 30, 31, 8, 9, 10, 11, 36, 37], f"table [7, 2, 9], block 4, tokens 0-9: got {got}"
+
+
+@case("ch04.slot_mapping", "ch04_slot_mapping", "slot_mapping")
+def a_window_in_the_middle(fn):
+    assert fn([3, 0], 16, 15, 17) == [63, 0], "tokens 15 and 16 straddle blocks 3 and 0"
+    assert fn([5], 8, 4, 4) == [], "an empty range maps to no slots"
+
+
+@case("ch04.slot_mapping", "ch04_slot_mapping", "slot_mapping")
+def agrees_with_the_engine_block_pool(fn):
+    from minillm.kv.block_pool import BlockPool
+
+    pool = BlockPool(num_blocks=12, block_size=8)
+    pool.take(3)
+    pool.allocate("x", 30)
+    for start, end in [(0, 30), (7, 9), (16, 24)]:
+        assert fn(pool.block_table("x"), 8, start, end) == pool.slot_mapping("x", start, end)
+
+
+@case("ch04.slot_mapping", "ch04_slot_mapping", "slot_mapping")
+def positions_past_the_table_raise(fn):
+    try:
+        fn([1, 2], 4, 6, 9)
+    except ValueError:
+        return
+    raise AssertionError("positions 6-8 need a third block of 4: slot_mapping should raise ValueError")

@@ -1,0 +1,230 @@
+"""Paged-attention operations as Triton kernels, with the signatures of `minillm/attention/paged_ops.py`.
+
+Two kernels, each launched on a grid of small independent programs:
+
+* `store_kv`: one program per new token. It reads the token's slot, splits it into
+  (block, offset) and copies the token's K and V, all KV heads at once, into that place of the caches.
+  The (num_kv_heads, head_dim) tile is padded to powers of two and masked.
+
+* `paged_decode_attention`: one program per (sequence, query head). With GQA several query heads
+  read the same KV head: kv_head = head // (num_heads // num_kv_heads). The program walks the
+  sequence's block table one block at a time and never holds more than one block of scores:
+
+      block table of seq s: [7, 2, 9]     block_size = 4, context_len = 10
+
+      block 7: k0 k1 k2 k3 -> scores s0..s3 --+
+      block 2: k4 k5 k6 k7 -> scores s4..s7 --+--> running max m, running sum l, accumulator acc
+      block 9: k8 k9 -- -- -> scores s8 s9    |    (the two slots past the end are masked out)
+                                              v
+                                        out = acc / l
+
+  This is an online softmax: after each block's scores, with m' = max(m, max(scores)),
+
+      acc = acc * exp(m - m') + sum_t exp(score_t - m') * v_t
+      l   = l   * exp(m - m') + sum_t exp(score_t - m')
+
+  so that acc / l is softmax(scores) @ V over every token seen so far. All of it is float32
+  whatever the cache's dtype; only the output is cast back to the query's dtype.
+
+Both kernels follow the tensors' strides, so views (e.g. K and V split out of a fused QKV) work.
+Shapes are small (one query row), so the kernels use elementwise products and `tl.sum`, not `tl.dot`.
+
+Triton is optional: this module imports without it (`TRITON_AVAILABLE` is then False and the
+functions raise RuntimeError). On a machine without a GPU, set `TRITON_INTERPRET=1` before triton is
+first imported to run the kernels, slowly, in Triton's interpreter on CPU tensors.
+"""
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+
+    TRITON_AVAILABLE = True
+except ImportError:  # e.g. the CPU builds of torch, which do not depend on triton
+    triton = None
+    tl = None
+    TRITON_AVAILABLE = False
+
+__all__ = ["TRITON_AVAILABLE", "paged_decode_attention", "store_kv"]
+
+
+if TRITON_AVAILABLE:
+
+    @triton.jit
+    def _store_kv_kernel(
+        k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
+        stride_k_token, stride_k_head, stride_k_dim,
+        stride_v_token, stride_v_head, stride_v_dim,
+        stride_kc_block, stride_kc_offset, stride_kc_head, stride_kc_dim,
+        stride_vc_block, stride_vc_offset, stride_vc_head, stride_vc_dim,
+        num_kv_heads, head_dim,
+        BLOCK_SIZE: tl.constexpr, HEADS_PADDED: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr,
+    ):
+        """One program per token: k[token] and v[token] (all KV heads) go to slot slot_mapping[token]."""
+        token = tl.program_id(0).to(tl.int64)
+        slot = tl.load(slot_mapping_ptr + token).to(tl.int64)  # int64: block * stride can exceed 2**31
+        block = slot // BLOCK_SIZE
+        offset = slot % BLOCK_SIZE
+
+        heads = tl.arange(0, HEADS_PADDED)[:, None]  # (HEADS_PADDED, 1)
+        dims = tl.arange(0, HEAD_DIM_PADDED)[None, :]  # (1, HEAD_DIM_PADDED)
+        mask = (heads < num_kv_heads) & (dims < head_dim)  # (HEADS_PADDED, HEAD_DIM_PADDED)
+
+        k = tl.load(k_ptr + token * stride_k_token + heads * stride_k_head + dims * stride_k_dim, mask=mask)
+        v = tl.load(v_ptr + token * stride_v_token + heads * stride_v_head + dims * stride_v_dim, mask=mask)
+        k_dest = k_cache_ptr + block * stride_kc_block + offset * stride_kc_offset
+        v_dest = v_cache_ptr + block * stride_vc_block + offset * stride_vc_offset
+        tl.store(k_dest + heads * stride_kc_head + dims * stride_kc_dim, k.to(k_cache_ptr.dtype.element_ty),
+                 mask=mask)
+        tl.store(v_dest + heads * stride_vc_head + dims * stride_vc_dim, v.to(v_cache_ptr.dtype.element_ty),
+                 mask=mask)
+
+    @triton.jit
+    def _paged_decode_attention_kernel(
+        out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, scale,
+        stride_out_seq, stride_out_head, stride_out_dim,
+        stride_q_seq, stride_q_head, stride_q_dim,
+        stride_kc_block, stride_kc_offset, stride_kc_head, stride_kc_dim,
+        stride_vc_block, stride_vc_offset, stride_vc_head, stride_vc_dim,
+        stride_table_seq, stride_table_block,
+        head_dim, query_heads_per_kv_head,
+        BLOCK_SIZE: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr,
+    ):
+        """One program per (sequence, query head): out[seq, head] = softmax(q K^T * scale) V, block by block."""
+        seq = tl.program_id(0).to(tl.int64)
+        head = tl.program_id(1)
+        kv_head = head // query_heads_per_kv_head
+        context_len = tl.load(context_lens_ptr + seq).to(tl.int32)
+
+        dims = tl.arange(0, HEAD_DIM_PADDED)  # (HEAD_DIM_PADDED,)
+        dim_mask = dims < head_dim
+        offsets = tl.arange(0, BLOCK_SIZE)  # (BLOCK_SIZE,) token offsets inside a block
+
+        q = tl.load(q_ptr + seq * stride_q_seq + head * stride_q_head + dims * stride_q_dim, mask=dim_mask, other=0.0)
+        q = q.to(tl.float32)
+
+        # the online-softmax state; typed tensors so that their type stays the same through the loop
+        running_max = tl.full([], float("-inf"), tl.float32)
+        running_sum = tl.full([], 0.0, tl.float32)
+        acc = tl.zeros([HEAD_DIM_PADDED], dtype=tl.float32)
+
+        table_row = block_tables_ptr + seq * stride_table_seq
+        k_head = k_cache_ptr + kv_head * stride_kc_head
+        v_head = v_cache_ptr + kv_head * stride_vc_head
+        num_blocks = tl.cdiv(context_len, BLOCK_SIZE)  # only these table entries are read
+        for logical_block in range(0, num_blocks):
+            physical_block = tl.load(table_row + logical_block * stride_table_block).to(tl.int64)
+            visible = logical_block * BLOCK_SIZE + offsets < context_len  # (BLOCK_SIZE,)
+            tile_mask = visible[:, None] & dim_mask[None, :]  # (BLOCK_SIZE, HEAD_DIM_PADDED)
+
+            k_tile = k_head + physical_block * stride_kc_block + offsets[:, None] * stride_kc_offset
+            keys = tl.load(k_tile + dims[None, :] * stride_kc_dim, mask=tile_mask, other=0.0).to(tl.float32)
+            scores = tl.sum(keys * q[None, :], axis=1) * scale  # (BLOCK_SIZE,)
+            scores = tl.where(visible, scores, float("-inf"))
+
+            # every block holds at least one visible token, so new_max is finite; on the first
+            # block running_max is -inf and the rescale factor exp(-inf) = 0 wipes the empty state
+            new_max = tl.maximum(running_max, tl.max(scores, axis=0))
+            rescale = tl.exp(running_max - new_max)
+            weights = tl.exp(scores - new_max)  # (BLOCK_SIZE,), 0 where not visible
+
+            v_tile = v_head + physical_block * stride_vc_block + offsets[:, None] * stride_vc_offset
+            values = tl.load(v_tile + dims[None, :] * stride_vc_dim, mask=tile_mask, other=0.0).to(tl.float32)
+            acc = acc * rescale + tl.sum(weights[:, None] * values, axis=0)  # (HEAD_DIM_PADDED,)
+            running_sum = running_sum * rescale + tl.sum(weights, axis=0)
+            running_max = new_max
+
+        out = acc / running_sum
+        out_ptrs = out_ptr + seq * stride_out_seq + head * stride_out_head + dims * stride_out_dim
+        tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=dim_mask)
+
+
+def _require_triton() -> None:
+    if not TRITON_AVAILABLE:
+        raise RuntimeError("minillm.attention.triton_paged needs the `triton` package, which is not installed "
+                           "(use minillm.attention.paged_ops, the torch version, instead)")
+
+
+def _check_same_device(**tensors: torch.Tensor) -> None:
+    devices = {name: t.device for name, t in tensors.items()}
+    if len(set(devices.values())) > 1:
+        raise ValueError(f"all tensors must be on the same device, got {devices}")
+
+
+def _check_cache_shapes(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError("k_cache and v_cache must both be (num_blocks, block_size, num_kv_heads, head_dim), got "
+                         f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Write each new token's K and V into its slot, in place.
+
+    k, v: (num_tokens, num_kv_heads, head_dim); k_cache, v_cache: (num_blocks, block_size, num_kv_heads,
+    head_dim); slot_mapping: (num_tokens,) int32 or int64, slot = block * block_size + offset, each in
+    [0, num_blocks * block_size) (not checked: that would wait for the GPU).
+    """
+    _require_triton()
+    _check_cache_shapes(k_cache, v_cache)
+    if k.dim() != 3 or k.shape != v.shape or k.shape[1:] != k_cache.shape[2:]:
+        raise ValueError(f"k and v must both be (num_tokens, {k_cache.shape[2]}, {k_cache.shape[3]}) to match the "
+                         f"cache, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if slot_mapping.shape != (k.shape[0],):
+        raise ValueError(f"slot_mapping must be ({k.shape[0]},), one slot per token, got {tuple(slot_mapping.shape)}")
+    _check_same_device(k=k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
+    num_tokens, num_kv_heads, head_dim = k.shape
+    if num_tokens == 0:
+        return
+    slot_mapping = slot_mapping.contiguous()  # the kernel reads slot_mapping[token] at offset `token`
+
+    _store_kv_kernel[(num_tokens,)](
+        k, v, k_cache, v_cache, slot_mapping,
+        *k.stride(), *v.stride(), *k_cache.stride(), *v_cache.stride(),
+        num_kv_heads, head_dim,
+        BLOCK_SIZE=k_cache.shape[1],
+        HEADS_PADDED=triton.next_power_of_2(num_kv_heads),
+        HEAD_DIM_PADDED=triton.next_power_of_2(head_dim),
+    )
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """Each sequence's one new query attends over its `context_len` cached tokens (its own included).
+
+    q: (num_seqs, num_heads, head_dim); k_cache, v_cache: (num_blocks, block_size, num_kv_heads, head_dim)
+    with a power-of-two block_size; block_tables: (num_seqs, max_blocks) int32 or int64, entries past a
+    sequence's last block are never read; context_lens: (num_seqs,) int32 or int64, each >= 1 (not checked).
+    Returns (num_seqs, num_heads, head_dim), in q's dtype.
+    """
+    _require_triton()
+    _check_cache_shapes(k_cache, v_cache)
+    if q.dim() != 3:
+        raise ValueError(f"q must be (num_seqs, num_heads, head_dim), got {tuple(q.shape)}")
+    num_seqs, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, cache_head_dim = k_cache.shape
+    if head_dim != cache_head_dim:
+        raise ValueError(f"q has head_dim {head_dim} but the cache has {cache_head_dim}")
+    if num_heads % num_kv_heads != 0:
+        raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+    if block_size & (block_size - 1) != 0:
+        raise ValueError(f"block_size must be a power of two, got {block_size}")
+    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs:
+        raise ValueError(f"block_tables must be ({num_seqs}, max_blocks), got {tuple(block_tables.shape)}")
+    if context_lens.shape != (num_seqs,):
+        raise ValueError(f"context_lens must be ({num_seqs},), got {tuple(context_lens.shape)}")
+    _check_same_device(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, context_lens=context_lens)
+
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)  # (num_seqs, num_heads, head_dim)
+    if num_seqs == 0:
+        return out
+    context_lens = context_lens.contiguous()  # the kernel reads context_lens[seq] at offset `seq`
+    _paged_decode_attention_kernel[(num_seqs, num_heads)](
+        out, q, k_cache, v_cache, block_tables, context_lens, float(scale),
+        *out.stride(), *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(),
+        head_dim, num_heads // num_kv_heads,
+        BLOCK_SIZE=block_size,
+        HEAD_DIM_PADDED=triton.next_power_of_2(head_dim),
+    )
+    return out
