@@ -109,3 +109,9 @@ def test_the_engine_runs_the_triton_kernels(model):
     assert any(step.preempted for step in engine.trace.steps)
     for (_, prompt, n), got in zip(arrivals, outputs.values()):
         assert got == _reference(model, tuple(prompt), n)
+
+
+def test_triton_needs_a_power_of_two_block_size(model):
+    pytest.importorskip("triton")
+    with pytest.raises(ValueError, match="power-of-two"):
+        paged_engine(model, block_size=12, num_blocks=8, use_triton=True)

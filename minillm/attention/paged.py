@@ -41,6 +41,8 @@ class PagedKVCache:
 
             if not triton_paged.TRITON_AVAILABLE:
                 raise RuntimeError("use_triton=True but triton is not installed")
+            if block_size & (block_size - 1):
+                raise ValueError(f"the Triton kernels need a power-of-two block_size, got {block_size}")
             self.ops = triton_paged
         else:
             self.ops = paged_ops
