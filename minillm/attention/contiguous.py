@@ -20,6 +20,12 @@ import torch
 import torch.nn.functional as F
 
 
+def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean "may attend" mask as the 0 / -inf bias attention adds to its scores: built once per
+    forward pass, instead of being converted again in every layer."""
+    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, float("-inf"))
+
+
 class ContiguousKVCache:
     """The storage: K and V tensors per layer, one row per slot."""
 
@@ -85,7 +91,11 @@ class ContiguousBatch:
             self.query_index = torch.arange(len(decode), device=device)
             last = self.decode_pos
         visible = torch.arange(self.decode_len, device=device)[None, :] <= last[:, None]
-        self.decode_mask = visible[:, None, None]
+        self.decode_mask = additive_mask(visible[:, None, None], cache.k[0].dtype)
+        # prefill i: query j (absolute position start+j) sees keys 0..start+j
+        self.prefill_masks = [additive_mask(torch.ones(n, start + n, dtype=torch.bool, device=device)
+                                            .tril(diagonal=start), cache.k[0].dtype)
+                              for _, _, start, n in self.prefills]
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         """q: (num_tokens, heads, head_dim); k, v: (num_tokens, kv_heads, head_dim) -> like q."""
@@ -93,13 +103,11 @@ class ContiguousBatch:
         out = torch.empty_like(q)
         if self.num_decode_slots:
             self._decode(q, k, v, k_cache, v_cache, scale, out)
-        for offset, slot, start, n in self.prefills:
+        for (offset, slot, start, n), mask in zip(self.prefills, self.prefill_masks):
             end = start + n
             k_cache[slot, :, start:end] = k[offset : offset + n].transpose(0, 1)
             v_cache[slot, :, start:end] = v[offset : offset + n].transpose(0, 1)
             qs = q[offset : offset + n].transpose(0, 1)[None]  # (1, heads, n, head_dim)
-            # query i (absolute position start+i) sees keys 0..start+i
-            mask = torch.ones(n, end, dtype=torch.bool, device=q.device).tril(diagonal=start)
             o = F.scaled_dot_product_attention(qs, k_cache[slot, None, :, :end], v_cache[slot, None, :, :end],
                                                attn_mask=mask, scale=scale, enable_gqa=True)
             out[offset : offset + n] = o[0].transpose(0, 1)

@@ -12,7 +12,7 @@ from torch import nn
 from minillm.attention.backend import AttentionBackend
 from minillm.model.config import ModelConfig
 from minillm.model.layers import RMSNorm
-from minillm.model.rope import RotaryEmbedding
+from minillm.model.rope import Rotation
 
 
 class SelfAttention(nn.Module):
@@ -31,8 +31,7 @@ class SelfAttention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
-                backend: AttentionBackend) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rotation: Rotation, backend: AttentionBackend) -> torch.Tensor:
         """x: (num_tokens, hidden) -> (num_tokens, hidden)."""
         n = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -41,6 +40,6 @@ class SelfAttention(nn.Module):
         v = v.view(n, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rope(positions, q, k)
+        q, k = rotation.apply(q, k)
         out = backend.attend(self.layer_index, q, k, v, self.scale)  # (num_tokens, num_heads, head_dim)
         return self.o_proj(out.reshape(n, self.q_size))

@@ -14,7 +14,7 @@ from minillm.attention.backend import AttentionBackend
 from minillm.model.attention import SelfAttention
 from minillm.model.config import ModelConfig
 from minillm.model.layers import GatedMLP, RMSNorm
-from minillm.model.rope import RotaryEmbedding
+from minillm.model.rope import RotaryEmbedding, Rotation
 
 
 class DecoderLayer(nn.Module):
@@ -25,8 +25,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, config.mlp_bias)
 
-    def forward(self, x, positions, rope, backend):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rope, backend)
+    def forward(self, x: torch.Tensor, rotation: Rotation, backend: AttentionBackend) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rotation, backend)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -56,8 +56,9 @@ class CausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
         """input_ids, positions: (num_tokens,) -> hidden states (num_tokens, hidden)."""
         x = self.embed_tokens(input_ids)
+        rotation = self.rope.at(positions, x.dtype)  # the same for every layer
         for layer in self.layers:
-            x = layer(x, positions, self.rope, backend)
+            x = layer(x, rotation, backend)
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

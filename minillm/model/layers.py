@@ -16,10 +16,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        normed = F.rms_norm(x.float(), self.weight.shape, eps=self.eps)  # x / sqrt(mean(x²) + eps)
+        return self.weight * normed.to(x.dtype)
 
 
 class GatedMLP(nn.Module):

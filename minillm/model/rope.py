@@ -12,6 +12,7 @@ Scaling variants only change `inv_freq` (and, for YaRN, multiply cos/sin by an a
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -98,14 +99,30 @@ class RotaryEmbedding(nn.Module):
             self.cos.copy_(angles.cos() * attention_factor)
             self.sin.copy_(angles.sin() * attention_factor)
 
+    def at(self, positions: torch.Tensor, dtype: torch.dtype) -> Rotation:
+        """The rotation for these positions (num_tokens,): computed once per forward pass, applied in every layer."""
+        cos = self.cos[positions].unsqueeze(1).to(dtype)  # (num_tokens, 1, head_dim)
+        sin = self.sin[positions].unsqueeze(1).to(dtype)
+        half = sin.shape[-1] // 2
+        return Rotation(cos, torch.cat([-sin[..., :half], sin[..., half:]], dim=-1))
+
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """positions: (num_tokens,); q: (num_tokens, num_heads, head_dim); k: (num_tokens, kv_heads, head_dim)."""
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # (num_tokens, 1, head_dim)
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        return self.at(positions, q.dtype).apply(q, k)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """(x1, x2) -> (-x2, x1) over the two halves of the last dimension."""
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+@dataclass(frozen=True)
+class Rotation:
+    """RoPE for one batch of positions. Rotating pairs (x1, x2) of the two halves of head_dim:
+
+        x * cos + rotate_half(x) * sin,  rotate_half(x1, x2) = (-x2, x1)
+      = x * cos + roll(x, half) * (-sin₁, sin₂)          (one roll instead of two slices, a negation and a cat)
+    """
+
+    cos: torch.Tensor  # (num_tokens, 1, head_dim)
+    signed_sin: torch.Tensor  # (num_tokens, 1, head_dim): the first half negated
+
+    def apply(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        half = q.shape[-1] // 2
+        return (q * self.cos + q.roll(half, dims=-1) * self.signed_sin,
+                k * self.cos + k.roll(half, dims=-1) * self.signed_sin)
