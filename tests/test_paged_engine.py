@@ -115,3 +115,25 @@ def test_triton_needs_a_power_of_two_block_size(model):
     pytest.importorskip("triton")
     with pytest.raises(ValueError, match="power-of-two"):
         paged_engine(model, block_size=12, num_blocks=8, use_triton=True)
+
+
+def test_async_api_on_the_paged_cache(model):
+    import asyncio
+
+    from minillm.async_engine import AsyncLLM
+
+    llm = AsyncLLM(engine=paged_engine(model, block_size=8, num_blocks=8))
+    greedy = SamplingParams(temperature=0, max_new_tokens=25, ignore_eos=True)
+    prompts = {"a": [5, 6, 7], "b": [8, 9], "c": [10, 11, 12], "d": [13, 14]}
+
+    async def scenario():
+        futures = {rid: llm.submit(p, greedy, request_id=rid) for rid, p in prompts.items()}
+        await asyncio.sleep(0.05)
+        llm.abort("b")
+        return {rid: await f for rid, f in futures.items()}
+
+    outs = asyncio.run(scenario())
+    assert outs["b"].finish_reason == "abort"
+    for rid in "acd":
+        assert outs[rid].token_ids == _reference(model, tuple(prompts[rid]), 25)
+    assert any(step.preempted for step in llm.engine.trace.steps)
