@@ -85,8 +85,10 @@ class LLMEngine:
         the contiguous cache would reserve."""
         config, model, spec = self.config, self.model, self.model.config
         if config.kv == "contiguous":
-            slots = config.max_num_seqs
-            return ContiguousKVCache.for_model(spec, slots, self.max_model_len, model.dtype, model.device), None
+            cache = ContiguousKVCache.for_model(spec, config.max_num_seqs, self.max_model_len, model.dtype,
+                                                model.device)
+            logger.info(cache.describe())
+            return cache, None
         per_token = kv_bytes_per_token(spec.num_layers, spec.num_kv_heads, spec.head_dim, model.dtype)
         budget = config.kv_cache_bytes
         if budget is None and model.device.type == "cuda":

@@ -51,3 +51,9 @@ def test_misuse_is_rejected():
         cache.batch([0], [MAX_LEN - 1], [2])
     with pytest.raises(ValueError, match="once per forward pass"):
         cache.batch([1, 1], [0, 5], [5, 1])
+
+
+def test_describe_reports_the_reservation():
+    cache = ContiguousKVCache(num_layers=2, num_slots=3, max_len=10, num_kv_heads=2, head_dim=8)
+    assert cache.nbytes == 3 * 10 * (2 * 2 * 2 * 8 * 4)
+    assert cache.describe().startswith("contiguous KV cache: 3 slots x 10 tokens reserved, 0.2 KiB per token")

@@ -137,3 +137,10 @@ def test_async_api_on_the_paged_cache(model):
     for rid in "acd":
         assert outs[rid].token_ids == _reference(model, tuple(prompts[rid]), 25)
     assert any(step.preempted for step in llm.engine.trace.steps)
+
+
+def test_start_up_reports_blocks_and_bytes_per_token(model, caplog):
+    with caplog.at_level("INFO", logger="minillm"):
+        engine = paged_engine(model, block_size=16, num_blocks=5)
+    per_token = engine.cache.bytes_per_token
+    assert "5 blocks x 16 tokens" in caplog.text and f"{per_token / 1024:.1f} KiB per token" in caplog.text

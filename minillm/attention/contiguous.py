@@ -44,6 +44,11 @@ class ContiguousKVCache:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
+    def describe(self) -> str:
+        per_token = self.nbytes // (self.num_slots * self.max_len)
+        return (f"contiguous KV cache: {self.num_slots} slots x {self.max_len} tokens reserved, "
+                f"{per_token / 1024:.1f} KiB per token, {self.nbytes / 2**20:.1f} MiB")
+
     def batch(self, slots: list[int], starts: list[int], query_lens: list[int]) -> ContiguousBatch:
         """The backend for one forward pass: sequence i writes query_lens[i] tokens into slot
         slots[i] at positions starts[i]..., attending to everything before them in its slot."""
