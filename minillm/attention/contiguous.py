@@ -126,7 +126,8 @@ class ContiguousBatch:
         if self.in_place:  # (num_slots, kv_heads, len, head_dim), views of the cache
             keys, values = k_cache[:num_slots, :, :length], v_cache[:num_slots, :, :length]
         else:  # copies of the decoding slots only
-            keys, values = k_cache[slots, :, :length], v_cache[slots, :, :length]
+            keys = k_cache[:, :, :length].index_select(0, slots)
+            values = v_cache[:, :, :length].index_select(0, slots)
         queries = q.new_zeros(num_slots, heads, head_dim)
         queries[self.query_index] = q[rows]
         queries = queries.view(num_slots, kv_heads, heads // kv_heads, head_dim)  # GQA group as query rows

@@ -33,7 +33,7 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> to
     """One sequence's first `length` tokens, in order: (length, num_kv_heads, head_dim) (a copy)."""
     block_size = cache.shape[1]
     num_blocks = -(-length // block_size)
-    return cache[block_table[:num_blocks]].flatten(0, 1)[:length]
+    return cache.index_select(0, block_table[:num_blocks]).flatten(0, 1)[:length]
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -49,8 +49,10 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     longest = int(context_lens.max())
     num_blocks = -(-longest // block_size)
     # (num_seqs, num_blocks * block_size, kv_heads, head_dim): every sequence's blocks, padded to the longest
-    keys = k_cache[block_tables[:, :num_blocks]].flatten(1, 2)[:, :longest]
-    values = v_cache[block_tables[:, :num_blocks]].flatten(1, 2)[:, :longest]
+    # (index_select copies whole blocks; much faster on CPU than advanced indexing)
+    blocks = block_tables[:, :num_blocks].reshape(-1)
+    keys = k_cache.index_select(0, blocks).view(num_seqs, num_blocks * block_size, kv_heads, head_dim)[:, :longest]
+    values = v_cache.index_select(0, blocks).view(num_seqs, num_blocks * block_size, kv_heads, head_dim)[:, :longest]
     visible = torch.arange(longest, device=q.device)[None, :] < context_lens[:, None]  # (num_seqs, longest)
     # GQA: the query heads sharing a KV head become that head's query rows
     queries = q.view(num_seqs, kv_heads, heads // kv_heads, head_dim)
