@@ -128,12 +128,15 @@ def test_async_api_on_the_paged_cache(model):
 
     async def scenario():
         futures = {rid: llm.submit(p, greedy, request_id=rid) for rid, p in prompts.items()}
-        await asyncio.sleep(0.05)
+        requests = llm.engine.requests
+        while not futures["b"].done() and ("b" not in requests or len(requests["b"].output_token_ids) < 2):
+            await asyncio.sleep(0.001)  # abort b mid-generation
         llm.abort("b")
         return {rid: await f for rid, f in futures.items()}
 
     outs = asyncio.run(scenario())
-    assert outs["b"].finish_reason == "abort"
+    assert outs["b"].finish_reason == "abort" and 2 <= len(outs["b"].token_ids) < 25
+    assert outs["b"].token_ids == _reference(model, tuple(prompts["b"]), 25)[: len(outs["b"].token_ids)]
     for rid in "acd":
         assert outs[rid].token_ids == _reference(model, tuple(prompts[rid]), 25)
     assert any(step.preempted for step in llm.engine.trace.steps)
