@@ -1,6 +1,8 @@
 """The block pool with exact block ids: allocate / append / free, ref counts, slot mapping, misuse."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from minillm.kv.block_pool import BlockPool, OutOfBlocks
 
@@ -82,3 +84,40 @@ def test_the_pool_module_does_not_use_torch():
 
     source = Path(module.__file__).read_text()
     assert "import torch" not in source and "from torch" not in source
+
+
+OPS = st.lists(st.tuples(st.sampled_from(["allocate", "append", "free"]), st.integers(0, 5), st.integers(1, 40)),
+               max_size=60)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=OPS, num_blocks=st.integers(1, 12), block_size=st.sampled_from([1, 4, 16]))
+def test_random_operations_keep_the_books_balanced(ops, num_blocks, block_size):
+    """Any sequence of allocate / append / free keeps every block either free or held, never both; a
+    table's blocks hold exactly its tokens; a refused request takes nothing; freeing all restores the start."""
+    pool = BlockPool(num_blocks, block_size)
+    tokens: dict[str, int] = {}
+    for op, who, n in ops:
+        rid = f"r{who}"
+        try:
+            if op == "allocate" and rid not in tokens:
+                pool.allocate(rid, n)
+                tokens[rid] = n
+            elif op == "append" and rid in tokens:
+                pool.append(rid, tokens[rid] + n)
+                tokens[rid] += n
+            elif op == "free" and rid in tokens:
+                pool.free(rid)
+                del tokens[rid]
+        except OutOfBlocks:
+            pass  # refused whole: the books below must still balance
+        held = [b for table in pool.tables.values() for b in table]
+        assert len(held) == len(set(held)), "a block is in two tables"
+        assert set(held).isdisjoint(pool.free_queue), "a block is both free and held"
+        assert len(held) + pool.num_free_blocks == num_blocks
+        assert all(pool.ref_counts[b] == 1 for b in held) and sum(pool.ref_counts) == len(held)
+        for rid, count in tokens.items():
+            assert len(pool.block_table(rid)) == pool.blocks_for(count)
+    for rid in list(tokens):
+        pool.free(rid)
+    assert pool.is_idle

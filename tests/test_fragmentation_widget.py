@@ -61,3 +61,17 @@ def test_replay_needs_a_paged_trace():
         replay(Trace(num_slots=2), "paged")
     with pytest.raises(ValueError, match="policy"):
         replay(hand_trace(), "buddy")
+
+
+def test_a_paged_trace_round_trips_through_plain_data():
+    import json
+
+    trace = hand_trace()
+    again = Trace.from_dict(json.loads(json.dumps(trace.to_dict())))
+    assert again == trace
+    assert [f.segments for f in replay(again, "paged")] == [f.segments for f in replay(trace, "paged")]
+
+
+def test_an_empty_trace_is_refused_with_a_reason():
+    with pytest.raises(ValueError, match="no steps"):
+        FragmentationVisualizer(Trace(num_slots=2, max_model_len=16, block_size=4, num_blocks=8))

@@ -210,6 +210,8 @@ class FragmentationVisualizer(W.VBox):
     request D whose fit each panel reports."""
 
     def __init__(self, trace: Trace, probe: int | None = None, max_frames: int = 60, interval_ms: int = 200):
+        if not trace.steps:
+            raise ValueError("the trace has no steps: run some requests through the engine first")
         self.frames = {policy: replay(trace, policy) for policy in POLICIES}
         self.frame_steps = frame_steps(len(trace.steps), max_frames)
         pages = [W.HTML(render_frame({p: f[s] for p, f in self.frames.items()}, probe)) for s in self.frame_steps]
