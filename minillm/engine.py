@@ -74,8 +74,9 @@ class LLMEngine:
         self.runner = ModelRunner(model, self.cache)
         self.requests: dict[str, Request] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
-        self.trace = Trace(config.max_num_seqs, max_model_len=self.max_model_len,
-                           block_size=self.pool and self.pool.block_size, num_blocks=self.pool and self.pool.num_blocks)
+        self.trace = Trace(config.max_num_seqs, max_model_len=self.max_model_len)
+        if self.pool is not None:  # the fragmentation visualizer replays block tables
+            self.trace.block_size, self.trace.num_blocks = self.pool.block_size, self.pool.num_blocks
         self._ids = itertools.count()
         self._t0 = time.perf_counter()
 

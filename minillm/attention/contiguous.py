@@ -19,11 +19,7 @@ import itertools
 import torch
 import torch.nn.functional as F
 
-
-def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A boolean "may attend" mask as the 0 / -inf bias attention adds to its scores: built once per
-    forward pass, instead of being converted again in every layer."""
-    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, float("-inf"))
+from minillm.attention.masks import additive_mask, prefill_mask
 
 
 class ContiguousKVCache:
@@ -97,10 +93,7 @@ class ContiguousBatch:
             last = self.decode_pos
         visible = torch.arange(self.decode_len, device=device)[None, :] <= last[:, None]
         self.decode_mask = additive_mask(visible[:, None, None], cache.k[0].dtype)
-        # prefill i: query j (absolute position start+j) sees keys 0..start+j
-        self.prefill_masks = [additive_mask(torch.ones(n, start + n, dtype=torch.bool, device=device)
-                                            .tril(diagonal=start), cache.k[0].dtype)
-                              for _, _, start, n in self.prefills]
+        self.prefill_masks = [prefill_mask(start, n, cache.k[0].dtype, device) for _, _, start, n in self.prefills]
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         """q: (num_tokens, heads, head_dim); k, v: (num_tokens, kv_heads, head_dim) -> like q."""

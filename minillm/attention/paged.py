@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from minillm.attention import paged_ops
+from minillm.attention.masks import prefill_mask
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -102,6 +103,7 @@ class PagedBatch:
         self.decode_context_lens = torch.tensor([starts[i] + 1 for i in decode], dtype=torch.int32, device=device)
         self.prefills = [(offsets[i], torch.tensor(block_tables[i], dtype=torch.long, device=device), starts[i], n)
                          for i, n in enumerate(query_lens) if n > 1]
+        self.prefill_masks = [prefill_mask(start, n, cache.k[0].dtype, device) for _, _, start, n in self.prefills]
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         """q: (num_tokens, heads, head_dim); k, v: (num_tokens, kv_heads, head_dim) -> like q."""
@@ -111,13 +113,11 @@ class PagedBatch:
         if len(self.decode_rows):
             out[self.decode_rows] = ops.paged_decode_attention(q[self.decode_rows], k_cache, v_cache,
                                                                self.decode_tables, self.decode_context_lens, scale)
-        for offset, table, start, n in self.prefills:
+        for (offset, table, start, n), mask in zip(self.prefills, self.prefill_masks):
             end = start + n
             keys = paged_ops.gather_kv(k_cache, table, end).transpose(0, 1)[None]  # (1, kv_heads, end, head_dim)
             values = paged_ops.gather_kv(v_cache, table, end).transpose(0, 1)[None]
             qs = q[offset : offset + n].transpose(0, 1)[None]  # (1, heads, n, head_dim)
-            # query i (absolute position start+i) sees keys 0..start+i
-            mask = torch.ones(n, end, dtype=torch.bool, device=q.device).tril(diagonal=start)
             o = F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
             out[offset : offset + n] = o[0].transpose(0, 1)
         return out
