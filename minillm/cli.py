@@ -29,8 +29,17 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-text token")
     gen.add_argument("--stream", action="store_true", help="print the text as it is generated")
     gen.add_argument("--no-kv-cache", action="store_true", help="use chapter 1's naive loop without a KV cache")
-    gen.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    gen.add_argument("--device", default=None, type=_device, help="cpu, cuda or cuda:N (default: cuda when available)")
     return parser
+
+
+def _device(name: str):
+    from minillm.model.loader import resolve_device
+
+    try:
+        return resolve_device(name)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def format_metrics(out) -> str:

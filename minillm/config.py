@@ -28,6 +28,7 @@ class EngineConfig:
     use_triton: bool | None = None  # paged kernels in Triton; None: on CUDA when triton is installed
     device: str | None = None  # None: cuda when available, else cpu
     dtype: str | None = None  # None: float32 on cpu, the checkpoint's dtype on cuda
+    trace_max_steps: int | None = 10_000  # the trace keeps this many recent steps (None: all of them)
 
     def __post_init__(self) -> None:
         if self.batching not in BATCHING:
@@ -36,11 +37,16 @@ class EngineConfig:
             raise ValueError(f"kv must be one of {KV_LAYOUTS}, got {self.kv!r}")
         if self.kv == "paged" and self.batching != "continuous":
             raise ValueError("kv='paged' needs batching='continuous' (preemption re-forms the batch every step)")
+        for name in ("block_size", "max_num_seqs", "max_model_len", "max_tokens_per_step", "kv_cache_bytes",
+                     "trace_max_steps"):
+            if isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be an integer, got a bool ({getattr(self, name)!r})")
         if not isinstance(self.block_size, int) or not 1 <= self.block_size <= 1024:
             raise ValueError(f"block_size must be an integer in [1, 1024], got {self.block_size!r}")
         if self.kv_cache_bytes is not None and (not isinstance(self.kv_cache_bytes, int) or self.kv_cache_bytes < 1):
             raise ValueError(f"kv_cache_bytes must be a positive integer or None, got {self.kv_cache_bytes!r}")
-        if not isinstance(self.gpu_memory_utilization, int | float) or not 0 < self.gpu_memory_utilization <= 1:
+        if (not isinstance(self.gpu_memory_utilization, int | float) or isinstance(self.gpu_memory_utilization, bool)
+                or not 0 < self.gpu_memory_utilization <= 1):
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
         if self.use_triton not in (None, True, False):
             raise ValueError(f"use_triton must be None, True or False, got {self.use_triton!r}")
@@ -52,5 +58,7 @@ class EngineConfig:
             raise ValueError(f"max_tokens_per_step must be an integer >= 1, got {self.max_tokens_per_step!r}")
         if self.device not in (None, "cpu", "cuda") and not str(self.device).startswith("cuda:"):
             raise ValueError(f"device must be None, 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        if self.trace_max_steps is not None and (not isinstance(self.trace_max_steps, int) or self.trace_max_steps < 1):
+            raise ValueError(f"trace_max_steps must be an integer >= 1 or None, got {self.trace_max_steps!r}")
         if self.dtype not in (None, "float32", "float16", "bfloat16"):
             raise ValueError(f"dtype must be None, 'float32', 'float16' or 'bfloat16', got {self.dtype!r}")

@@ -1,15 +1,24 @@
 """The engine: the step loop that serves many requests at once, and its offline API `LLM`.
 
-    add_request ─► scheduler.schedule() ─► runner.execute() ─► scheduler.update() ─► detokenize
-                        (who runs, how many tokens)  (one forward pass)  (append, retire)   (stream, stop strings)
+    add_request ─► scheduler.schedule() ─► runner.execute() ─► scheduler.update() ─► detokenize, judge stops
+    (checks: a bad   (who runs, how many     (one forward pass)  (append tokens)      (stream, stop strings;
+     request is       tokens)                                                          the finished retire)
+     refused here)
 
 Data flows one way; every step is recorded in `engine.trace`.
+
+A failing request fails alone. Everything a request brings is checked at the door, so a bad one is
+refused before it is queued. If a step raises anyway (a kernel failure, a defect not yet found),
+the step's requests are run again one at a time to find whose it is: that request ends with
+finish_reason "error" and the exception's text, its slot and KV blocks are freed, and every other
+request carries on with exactly the tokens it would have had.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,15 +30,17 @@ from minillm.attention import ContiguousKVCache
 from minillm.attention.paged import PagedKVCache, kv_bytes_per_token
 from minillm.config import EngineConfig
 from minillm.detokenizer import IncrementalDetokenizer
-from minillm.generate import encode_prompt
 from minillm.kv.block_pool import BlockPool
+from minillm.memory import available_bytes, format_bytes
 from minillm.metrics import RequestMetrics
 from minillm.model.decoder import CausalLM
 from minillm.model.loader import load
+from minillm.prompts import encode_prompt
 from minillm.request import Request
-from minillm.runner import ModelRunner
+from minillm.runner import ModelRunner, StepResult
 from minillm.sampling import SamplingParams
-from minillm.scheduler import ContinuousScheduler, StaticScheduler
+from minillm.scheduler import ContinuousScheduler, SchedulerOutput, StaticScheduler
+from minillm.stopping import stop_reason
 from minillm.trace import SlotState, StepRecord, Trace
 
 logger = logging.getLogger("minillm")
@@ -57,11 +68,15 @@ class StepUpdate:
 
 
 class LLMEngine:
-    """Owns the scheduler, the KV cache and the runner; `step()` advances every request once."""
+    """Owns the scheduler, the KV cache and the runner; `step()` advances every request once.
+
+    Not thread-safe on its own: one caller drives it (`LLM` holds a lock, `AsyncLLM` one loop)."""
 
     def __init__(self, model: CausalLM, tokenizer, config: EngineConfig | None = None):
         self.model, self.tokenizer = model, tokenizer
         self.config = config = config or EngineConfig()
+        if not isinstance(config, EngineConfig):
+            raise ValueError(f"config must be an EngineConfig, got {type(config).__name__}")
         context = model.config.max_position_embeddings
         if config.max_model_len is not None and config.max_model_len > context:
             raise ValueError(f"max_model_len must be at most the model's context ({context}), "
@@ -69,12 +84,11 @@ class LLMEngine:
         self.max_model_len = config.max_model_len or context
         self.cache, self.pool = self._make_kv_cache()
         scheduler_cls = StaticScheduler if config.batching == "static" else ContinuousScheduler
-        self.scheduler = scheduler_cls(config.max_num_seqs, self.max_model_len, config.max_tokens_per_step,
-                                       model.config.eos_token_ids, self.pool)
+        self.scheduler = scheduler_cls(config.max_num_seqs, self.max_model_len, config.max_tokens_per_step, self.pool)
         self.runner = ModelRunner(model, self.cache)
         self.requests: dict[str, Request] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
-        self.trace = Trace(config.max_num_seqs, max_model_len=self.max_model_len)
+        self.trace = Trace(config.max_num_seqs, max_model_len=self.max_model_len, max_steps=config.trace_max_steps)
         if self.pool is not None:  # the fragmentation visualizer replays block tables
             self.trace.block_size, self.trace.num_blocks = self.pool.block_size, self.pool.num_blocks
         self._ids = itertools.count()
@@ -83,14 +97,17 @@ class LLMEngine:
     def _make_kv_cache(self) -> tuple[ContiguousKVCache | PagedKVCache, BlockPool | None]:
         """A contiguous cache (a max_model_len slot per batch slot), or a paged cache sized from a byte
         budget: `kv_cache_bytes`, else free GPU memory x `gpu_memory_utilization` on CUDA, else what
-        the contiguous cache would reserve."""
+        the contiguous cache would reserve. Refuses, with the numbers, a cache the device cannot hold."""
         config, model, spec = self.config, self.model, self.model.config
+        per_token = kv_bytes_per_token(spec.num_layers, spec.num_kv_heads, spec.head_dim, model.dtype)
         if config.kv == "contiguous":
+            self._check_memory(config.max_num_seqs * self.max_model_len * per_token,
+                               f"max_num_seqs={config.max_num_seqs} x max_model_len={self.max_model_len} tokens x "
+                               f"{format_bytes(per_token)} per token")
             cache = ContiguousKVCache.for_model(spec, config.max_num_seqs, self.max_model_len, model.dtype,
                                                 model.device)
             logger.info(cache.describe())
             return cache, None
-        per_token = kv_bytes_per_token(spec.num_layers, spec.num_kv_heads, spec.head_dim, model.dtype)
         budget = config.kv_cache_bytes
         if budget is None and model.device.type == "cuda":
             budget = int(torch.cuda.mem_get_info(model.device)[0] * config.gpu_memory_utilization)
@@ -100,37 +117,58 @@ class LLMEngine:
         if num_blocks < 1:
             raise ValueError(f"a KV budget of {budget} bytes holds no block of {config.block_size} tokens "
                              f"({per_token * config.block_size} bytes)")
+        self._check_memory(num_blocks * config.block_size * per_token,
+                           f"{num_blocks} blocks x {config.block_size} tokens x {format_bytes(per_token)} per token")
         use_triton = config.use_triton
         if use_triton is None and model.device.type == "cuda":
-            from minillm.attention.triton_paged import TRITON_AVAILABLE
+            from minillm.attention.triton_paged import unavailable_reason
 
-            use_triton = TRITON_AVAILABLE
+            use_triton = unavailable_reason(model.device) is None
         cache = PagedKVCache.for_model(spec, num_blocks, config.block_size, model.dtype, model.device, bool(use_triton))
         logger.info("%s (%s)", cache.describe(), "Triton kernels" if use_triton else "torch reference")
         return cache, BlockPool(num_blocks, config.block_size)
 
+    def _check_memory(self, needed: int, how: str) -> None:
+        available = available_bytes(self.model.device)
+        if available is not None and needed > available:
+            raise ValueError(f"the KV cache would take {format_bytes(needed)} ({how}), but {self.model.device} has "
+                             f"{format_bytes(available)} available: lower max_num_seqs, max_model_len or "
+                             "kv_cache_bytes")
+
     # ------------------------------------------------------------------ requests
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
                     request_id: str | None = None, arrival_time: float | None = None) -> Request:
-        """Validate and queue a request; raises ValueError (and queues nothing) if it is invalid."""
-        params = params or SamplingParams()
+        """Check and queue a request. Anything that could fail it later inside a step is refused
+        here: a ValueError naming the problem, and nothing is queued."""
+        params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
-        request_id = request_id if request_id is not None else str(next(self._ids))
-        if request_id in self.requests and not self.requests[request_id].status.is_done:
+        if request_id is None:
+            request_id = self.new_request_id()
+        elif not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty str or None, got {request_id!r}")
+        elif request_id in self.requests and not self.requests[request_id].status.is_done:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        ids = encode_prompt(self.tokenizer, prompt, self.max_model_len)
+        if arrival_time is not None and (isinstance(arrival_time, bool) or not isinstance(arrival_time, int | float)):
+            raise ValueError(f"arrival_time must be a time.perf_counter() value or None, got {arrival_time!r}")
+        ids = encode_prompt(self.tokenizer, prompt, self.max_model_len, self.model.config.vocab_size)
         if len(ids) > self.config.max_tokens_per_step:
             raise ValueError(f"prompt has {len(ids)} tokens, more than max_tokens_per_step="
                              f"{self.config.max_tokens_per_step}: it could never be scheduled")
         if self.pool is not None:
             self._check_fits_paged(len(ids), params)
-        request = Request(request_id, ids, params, arrival_time or time.perf_counter(),
+        request = Request(request_id, ids, params, arrival_time if arrival_time is not None else time.perf_counter(),
                           prompt=prompt if isinstance(prompt, str) else None)
         self.requests[request_id] = request
         self.detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, ids, params.stop)
         self.scheduler.add(request)
         return request
+
+    def new_request_id(self) -> str:
+        """A request id no live request uses."""
+        while (request_id := str(next(self._ids))) in self.requests:
+            pass
+        return request_id
 
     def _check_fits_paged(self, num_prompt_tokens: int, params: SamplingParams) -> None:
         """A request must fit the pool alone, and its recompute after a preemption must fit one step."""
@@ -143,39 +181,86 @@ class LLMEngine:
                              f"{self.config.max_tokens_per_step}: after a preemption it could not be recomputed")
 
     def abort(self, request_id: str) -> bool:
-        """Stop a request wherever it is; False if it is unknown or already done."""
+        """Stop a request wherever it is, freeing its slot and KV blocks; False if it is unknown or
+        already done."""
+        return self._finish(request_id, "abort")
+
+    def fail(self, request_id: str, error: BaseException | str) -> bool:
+        """End a request with finish_reason "error" and `error`'s text, freeing what it holds."""
+        text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        return self._finish(request_id, "error", text)
+
+    def _finish(self, request_id: str, reason: str, error: str | None = None) -> bool:
         request = self.requests.get(request_id)
         if request is None or request.status.is_done:
             return False
-        self.scheduler.finish(request, "abort")
+        self.scheduler.finish(request, reason)
+        request.error = error
         request.metrics.finish_time = time.perf_counter()
         return True
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def unfinished_ids(self) -> list[str]:
+        return [rid for rid, r in self.requests.items() if not r.status.is_done]
+
     # ------------------------------------------------------------------ the loop
     def step(self) -> list[StepUpdate]:
         start = time.perf_counter()
         output = self.scheduler.schedule()
-        sampled = self.runner.execute(output)
-        advanced = self.scheduler.update(output, sampled)
+        result = self._execute(output)
+        updates = [StepUpdate(rid, "", True) for rid, err in result.failed.items() if self.fail(rid, err)]
+        advanced = self.scheduler.update(output, result.sampled)
         now = time.perf_counter()
-        updates = []
         for request in advanced:
-            request.metrics.record_token(now)
-            detok = self.detokenizers[request.request_id]
-            delta = detok.push(request.output_token_ids[-1])
-            if detok.stopped_by is not None:
-                self.scheduler.finish(request, "stop")
-            if request.status.is_done:
-                delta += detok.flush()
-                request.metrics.finish_time = now
+            try:
+                delta = self._emit(request, now)
+            except Exception as err:  # a tokenizer that cannot decode its token: this request alone
+                self.fail(request.request_id, err)
+                delta = ""
             updates.append(StepUpdate(request.request_id, delta, request.status.is_done))
         self._record(output, start, now)
         return updates
 
-    def _record(self, output, start: float, end: float) -> None:
+    def _execute(self, output: SchedulerOutput) -> StepResult:
+        """Run the step. If the forward pass raises, run each request alone to find whose fault it
+        is: no token was sampled and no generator advanced yet, and K/V written for positions not
+        yet counted as computed are simply written again."""
+        try:
+            return self.runner.execute(output)
+        except Exception as err:
+            chunks = [c for c in output.chunks if not c.is_padding]
+            if len(chunks) <= 1:
+                return StepResult(failed={c.request_id: err for c in chunks})
+        result = StepResult()
+        for chunk in chunks:
+            new = tuple(r for r in output.new_requests if r.request_id == chunk.request_id)
+            try:
+                alone = self.runner.execute(SchedulerOutput((chunk,), new, ()))
+            except Exception as err:
+                result.failed[chunk.request_id] = err
+                continue
+            result.sampled.update(alone.sampled)
+            result.failed.update(alone.failed)
+        return result
+
+    def _emit(self, request: Request, now: float) -> str:
+        """A new token of `request`: its text, and whether it ends the request (stop strings need
+        the text, so the stop rules are judged here)."""
+        request.metrics.record_token(now)
+        detok = self.detokenizers[request.request_id]
+        delta = detok.push(request.output_token_ids[-1])
+        reason = stop_reason(request.output_token_ids, request.num_prompt_tokens, request.params,
+                             self.model.config.eos_token_ids, self.max_model_len,
+                             stop_string_found=detok.stopped_by is not None)
+        if reason is not None:
+            self.scheduler.finish(request, reason)
+            request.metrics.finish_time = now
+            delta += detok.flush()
+        return delta
+
+    def _record(self, output: SchedulerOutput, start: float, end: float) -> None:
         ran = {c.slot: c for c in output.chunks}
         slots: list[SlotState | None] = [None] * self.config.max_num_seqs
         for slot, request_id in self.scheduler.slot_owners().items():
@@ -183,15 +268,15 @@ class LLMEngine:
             idle = chunk is None or chunk.is_padding  # padding is computed, but is no useful work
             phase = "idle" if idle else ("prefill" if chunk.is_prefill else "decode")
             slots[slot] = SlotState(request_id, 0 if idle else chunk.num_tokens, phase)
-        useful = [c for c in output.chunks if not c.is_padding]
-        for chunk in useful:  # requests that finished this step no longer own their slot
+        for chunk in output.chunks:  # requests that finished this step no longer own their slot
             if slots[chunk.slot] is None:
-                slots[chunk.slot] = SlotState(chunk.request_id, chunk.num_tokens,
-                                              "prefill" if chunk.is_prefill else "decode")
+                phase = "idle" if chunk.is_padding else ("prefill" if chunk.is_prefill else "decode")
+                slots[chunk.slot] = SlotState(chunk.request_id, 0 if chunk.is_padding else chunk.num_tokens, phase)
+        useful = [c for c in output.chunks if not c.is_padding]
         finished = tuple(c.request_id for c in useful if self.requests[c.request_id].status.is_done)
         running = self.scheduler.running
         blocks = {r.request_id: tuple(self.pool.block_table(r.request_id)) for r in running} if self.pool else {}
-        self.trace.record(StepRecord(len(self.trace.steps), start - self._t0, end - start, tuple(slots),
+        self.trace.record(StepRecord(self.trace.next_step, start - self._t0, end - start, tuple(slots),
                                      tuple(r.request_id for r in output.new_requests), finished,
                                      output.preempted_ids, {r.request_id: r.num_computed_tokens for r in running},
                                      blocks))
@@ -199,7 +284,7 @@ class LLMEngine:
     def output(self, request_id: str) -> RequestOutput:
         r = self.requests[request_id]
         return RequestOutput(r.request_id, r.prompt, r.prompt_token_ids, self.detokenizers[request_id].text,
-                             list(r.output_token_ids), r.finish_reason, r.metrics)
+                             list(r.output_token_ids), r.finish_reason, r.metrics, r.error)
 
     def release(self, request_id: str) -> None:
         """Forget a finished request (its output has been delivered)."""
@@ -212,12 +297,17 @@ class LLM:
 
         llm = LLM()                                   # the shipped target, continuous batching
         outs = llm.generate(["ROMEO:", "What is 1+1? Answer:"], SamplingParams(temperature=0))
+
+    Calls from several threads take turns (a lock): the engine serves one call at a time.
     """
 
     def __init__(self, model: str | None = None, config: EngineConfig | None = None):
-        config = config or EngineConfig()
+        config = config if config is not None else EngineConfig()
+        if not isinstance(config, EngineConfig):
+            raise ValueError(f"config must be an EngineConfig, got {type(config).__name__}")
         net, tokenizer = load(model, dtype=config.dtype, device=config.device)
         self.engine = LLMEngine(net, tokenizer, config)
+        self._lock = threading.Lock()
 
     @property
     def tokenizer(self):
@@ -226,32 +316,51 @@ class LLM:
     def generate(self, prompts: str | Sequence[str | Sequence[int]],
                  params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
-        """One output per prompt, in order. An invalid request gets finish_reason "error" and its
-        reason in `.error`; the others are served normally."""
+        """One output per prompt, in order. A request refused at the door, or whose step failed, gets
+        finish_reason "error" and its reason in `.error`; the others are served normally.
+
+        The call owns its requests: if it is interrupted (KeyboardInterrupt, the notebook's stop
+        button) or anything raises, every request it added is aborted before the exception goes on.
+        """
         if isinstance(prompts, str):
             prompts = [prompts]
+        if not isinstance(prompts, Sequence):
+            raise ValueError(f"prompts must be a str or a list of prompts, got {type(prompts).__name__}")
         if params is None or isinstance(params, SamplingParams):
-            params = [params or SamplingParams()] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+            params = [params if params is not None else SamplingParams()] * len(prompts)
+        if not isinstance(params, Sequence) or len(params) != len(prompts):
+            raise ValueError(f"params must be one SamplingParams or one per prompt ({len(prompts)})")
+        with self._lock:
+            return self._generate(prompts, params, use_tqdm)
+
+    def _generate(self, prompts, params, use_tqdm: bool) -> list[RequestOutput]:
         engine = self.engine
         arrival = time.perf_counter()
-        ids: list[str | RequestOutput] = []
-        for prompt, p in zip(prompts, params):
-            try:
-                ids.append(engine.add_request(prompt, p, arrival_time=arrival).request_id)
-            except ValueError as err:
-                ids.append(RequestOutput("rejected", prompt if isinstance(prompt, str) else None, [], "", [],
-                                         "error", RequestMetrics(arrival), error=str(err)))
-        live = sum(isinstance(i, str) for i in ids)
-        with tqdm(total=live, desc="generate", unit="req", disable=not use_tqdm) as bar:
-            while engine.has_unfinished():
-                bar.update(sum(u.finished for u in engine.step()))
+        ids: list[str] = []
+        refused: dict[str, RequestOutput] = {}
+        try:
+            for prompt, p in zip(prompts, params):
+                request_id = engine.new_request_id()
+                ids.append(request_id)
+                try:
+                    engine.add_request(prompt, p, request_id=request_id, arrival_time=arrival)
+                except Exception as err:  # of any type: it is this request's error, not the call's
+                    refused[request_id] = RequestOutput(request_id, prompt if isinstance(prompt, str) else None, [],
+                                                        "", [], "error", RequestMetrics(arrival), error=str(err))
+            with tqdm(total=len(ids) - len(refused), desc="generate", unit="req", disable=not use_tqdm) as bar:
+                while engine.has_unfinished():
+                    bar.update(sum(u.finished for u in engine.step()))
+        except BaseException:
+            for request_id in ids:
+                if request_id in engine.requests:
+                    engine.abort(request_id)
+                    engine.release(request_id)
+            raise
         outputs = []
-        for i in ids:
-            if isinstance(i, str):
-                outputs.append(engine.output(i))
-                engine.release(i)
+        for request_id in ids:
+            if request_id in refused:
+                outputs.append(refused[request_id])
             else:
-                outputs.append(i)
+                outputs.append(engine.output(request_id))
+                engine.release(request_id)
         return outputs

@@ -20,6 +20,7 @@ from minillm.attention import ContiguousKVCache, DenseAttention
 from minillm.detokenizer import IncrementalDetokenizer
 from minillm.metrics import RequestMetrics
 from minillm.model.decoder import CausalLM
+from minillm.prompts import encode_prompt
 from minillm.sampling import SamplingParams, sample
 from minillm.stopping import stop_reason
 
@@ -33,17 +34,6 @@ class GenerationOutput:
     metrics: RequestMetrics
 
 
-def encode_prompt(tokenizer, prompt: str | Sequence[int], max_len: int) -> list[int]:
-    """Token ids of a prompt (text or ids); empty or over-long prompts raise ValueError."""
-    ids = tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-    if not ids:
-        raise ValueError("prompt is empty: give at least one token")
-    if len(ids) >= max_len:
-        raise ValueError(f"prompt has {len(ids)} tokens; the model's context is {max_len}, "
-                         "which must also leave room for at least one new token")
-    return ids
-
-
 class _Progress:
     """What both loops share: validate the prompt, seed the sampler, then record each new token,
     detokenise it and decide whether to stop."""
@@ -51,9 +41,12 @@ class _Progress:
     def __init__(self, model: CausalLM, tokenizer, prompt: str | Sequence[int], params: SamplingParams | None,
                  on_text: Callable[[str], None] | None):
         arrival = time.perf_counter()
-        self.params = params = params or SamplingParams()
+        self.params = params = params if params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
         self.on_text = on_text
-        self.prompt_ids = prompt_ids = encode_prompt(tokenizer, prompt, model.config.max_position_embeddings)
+        self.prompt_ids = prompt_ids = encode_prompt(tokenizer, prompt, model.config.max_position_embeddings,
+                                                     model.config.vocab_size)
         self.token_ids: list[int] = []
         self.generator = params.make_generator(model.device)
         self.eos_ids = model.config.eos_token_ids
@@ -67,11 +60,8 @@ class _Progress:
         self.metrics.record_token(time.perf_counter())
         self.token_ids.append(token)
         self._emit(self.detok.push(token))
-        if self.detok.stopped_by is not None:
-            self.finish_reason = "stop"
-        else:
-            self.finish_reason = stop_reason(self.token_ids, len(self.prompt_ids), self.params,
-                                             self.eos_ids, self.max_len)
+        self.finish_reason = stop_reason(self.token_ids, len(self.prompt_ids), self.params, self.eos_ids,
+                                         self.max_len, stop_string_found=self.detok.stopped_by is not None)
         return self.finish_reason is not None
 
     def _emit(self, delta: str) -> None:

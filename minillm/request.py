@@ -4,6 +4,7 @@
        ▲                  │
     PREEMPTED ◄─preempt───┘ (chapter 4: out of KV blocks; it waits first in line, then recomputes)
                                                   any live state ──abort──► ABORTED
+                                                  any live state ──error──► FAILED (its step failed)
 
 The fields fall in three groups, filled at three moments: the **input** when the request is
 submitted, the **state** while the engine runs it, the **output** when it ends.
@@ -25,10 +26,11 @@ class RequestStatus(enum.Enum):
     PREEMPTED = "preempted"  # its KV was freed; back in the queue, it recomputes everything it had
     FINISHED = "finished"
     ABORTED = "aborted"
+    FAILED = "failed"  # a step raised while running it: it ends alone, with the error's text
 
     @property
     def is_done(self) -> bool:
-        return self in (RequestStatus.FINISHED, RequestStatus.ABORTED)
+        return self in (RequestStatus.FINISHED, RequestStatus.ABORTED, RequestStatus.FAILED)
 
 
 @dataclass(eq=False)
@@ -50,7 +52,8 @@ class Request:
     num_preemptions: int = 0
 
     # --- output: filled as it produces tokens and when it ends -----------------------------------
-    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    error: str | None = None  # what went wrong, when finish_reason == "error"
     metrics: RequestMetrics = field(init=False)
 
     def __post_init__(self) -> None:

@@ -1,7 +1,9 @@
 """The model runner: turns a SchedulerOutput into one forward pass and samples the next tokens.
 
 It makes no scheduling decisions. It keeps only what sampling needs per request (its params and
-its seeded generator), set up when the request is admitted and dropped when it finishes.
+its seeded generator), set up when the request is admitted and dropped when it finishes. Sampling
+is isolated per request: a row that raises fails its own request, and its neighbours' tokens (and
+seeded generators) are exactly what they would have been without it.
 
     chunks:     A: prefill 5 tokens     B: decode 1     C: decode 1
     input_ids:  [a0 a1 a2 a3 a4 | b7 | c3]                 one flat batch
@@ -12,14 +14,21 @@ its seeded generator), set up when the request is admitted and dropped when it f
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass, field
 
 import torch
 
 from minillm.attention import ContiguousKVCache
 from minillm.attention.paged import PagedKVCache
 from minillm.model.decoder import CausalLM
-from minillm.sampling import SamplingParams, sample_batch
+from minillm.sampling import SamplingParams, sample
 from minillm.scheduler.output import SchedulerOutput
+
+
+@dataclass
+class StepResult:
+    sampled: dict[str, int] = field(default_factory=dict)  # request id -> its new token
+    failed: dict[str, Exception] = field(default_factory=dict)  # request id -> why it got none
 
 
 class ModelRunner:
@@ -28,8 +37,9 @@ class ModelRunner:
         self.sampling: dict[str, tuple[SamplingParams, torch.Generator | None]] = {}
 
     @torch.inference_mode()
-    def execute(self, output: SchedulerOutput) -> dict[str, int]:
-        """Run one step; returns {request_id: sampled token} for the chunks that sample."""
+    def execute(self, output: SchedulerOutput) -> StepResult:
+        """Run one step: a new token for each chunk that samples (or the error its sampling raised).
+        An error of the forward pass itself propagates: it belongs to the whole batch."""
         device = self.model.device
         for request_id in output.finished_ids:  # first: a finished request's id may be reused by a new one
             self.sampling.pop(request_id, None)
@@ -37,7 +47,7 @@ class ModelRunner:
             if request.request_id not in self.sampling:
                 self.sampling[request.request_id] = (request.params, request.params.make_generator(device))
         if output.is_empty:
-            return {}
+            return StepResult()
         chunks = output.chunks
         input_ids = torch.tensor([t for c in chunks for t in c.token_ids], device=device)  # (num_tokens,)
         positions = torch.tensor([p for c in chunks for p in range(c.start, c.start + c.num_tokens)], device=device)
@@ -47,8 +57,14 @@ class ModelRunner:
         last_rows = [end - 1 for end in itertools.accumulate(c.num_tokens for c in chunks)]
         sampling = [(c, row) for c, row in zip(chunks, last_rows) if c.samples]
         if not sampling:
-            return {}
+            return StepResult()
         logits = self.model.logits(hidden[[row for _, row in sampling]])  # (num_sampling, vocab)
-        state = [self.sampling[c.request_id] for c, _ in sampling]
-        tokens = sample_batch(logits, [p for p, _ in state], [g for _, g in state])
-        return {c.request_id: t for (c, _), t in zip(sampling, tokens)}
+        greedy_ids = logits.argmax(dim=-1).tolist()  # every greedy row in one call
+        result = StepResult()
+        for (chunk, _), row, greedy_id in zip(sampling, logits, greedy_ids):
+            params, generator = self.sampling[chunk.request_id]
+            try:  # the others draw with their own generators: one failing row changes nothing for them
+                result.sampled[chunk.request_id] = greedy_id if params.greedy else sample(row, params, generator)
+            except Exception as err:
+                result.failed[chunk.request_id] = err
+        return result

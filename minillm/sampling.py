@@ -1,7 +1,7 @@
 """Sampling: how one next token is chosen from the logits.
 
-    logits ─► / temperature ─► top-k ─► top-p ─► softmax ─► draw (seeded)      temperature > 0
-    logits ─► argmax                                                          temperature = 0
+    logits ─► / temperature ─► top-k ─► top-p ─► softmax ─► draw (seeded)      temperature >= 1e-5
+    logits ─► argmax                                                          temperature < 1e-5
 
 The filters follow Hugging Face's logits warpers exactly (same order, same tie and boundary rules),
 so minillm and `transformers.generate` agree on which tokens stay in play.
@@ -9,15 +9,35 @@ so minillm and `transformers.generate` agree on which tokens stay in play.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import numbers
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 
+SAMPLING_EPS = 1e-5
+"""Temperatures below this are greedy: dividing logits by a smaller one overflows float32, and
+sampling that sharp is argmax anyway (vLLM draws the same line)."""
+
+MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed takes 64 bits
+
+
+def is_int(value) -> bool:
+    """An integer (Python's or numpy's), but not a bool: True is an int to Python, not to us."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to generate for one request. `temperature=0` is greedy decoding."""
+    """How to generate for one request. `temperature=0` (or below `SAMPLING_EPS`) is greedy decoding.
+
+    Every field is checked here, so nothing a request asks for can fail later inside an engine
+    step: a bad value raises ValueError naming the field and its allowed range.
+    """
 
     temperature: float = 1.0
     top_k: int | None = None  # keep the k most likely tokens; None keeps all
@@ -31,26 +51,39 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
-        object.__setattr__(self, "stop", tuple(self.stop))
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
-        if not isinstance(self.temperature, (int, float)) or not 0.0 <= self.temperature <= 100.0:
-            raise ValueError(f"temperature must be in [0, 100] (0 = greedy), got {self.temperature!r}")
-        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
+        for name in ("stop", "stop_token_ids"):
+            value = getattr(self, name)
+            if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+                raise ValueError(f"{name} must be a list or tuple, got {type(value).__name__}")
+            object.__setattr__(self, name, tuple(value))
+        if not _is_number(self.temperature) or not 0.0 <= self.temperature <= 100.0:
+            raise ValueError(f"temperature must be a number in [0, 100] (0 = greedy), got {self.temperature!r}")
+        if self.top_k is not None and (not is_int(self.top_k) or self.top_k < 1):
             raise ValueError(f"top_k must be an integer >= 1 or None, got {self.top_k!r}")
-        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+        if not _is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
+        if not is_int(self.max_new_tokens) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop must hold non-empty strings, got {self.stop!r}")
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+        if any(not is_int(t) or t < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must hold token ids >= 0, got {self.stop_token_ids!r}")
-        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
-            raise ValueError(f"seed must be an integer >= 0 or None, got {self.seed!r}")
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+        if self.seed is not None and (not is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
+            raise ValueError(f"seed must be an integer in [0, 2**64 - 1] or None, got {self.seed!r}")
+        # numpy scalars become plain Python numbers: equal params compare and hash equal
+        object.__setattr__(self, "temperature", float(self.temperature))
+        object.__setattr__(self, "top_p", float(self.top_p))
+        object.__setattr__(self, "max_new_tokens", int(self.max_new_tokens))
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        for name in ("top_k", "seed"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, int(getattr(self, name)))
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < SAMPLING_EPS
 
     def make_generator(self, device: torch.device | str = "cpu") -> torch.Generator | None:
         """A generator seeded with `seed` (None: the global RNG); one per request."""
@@ -97,12 +130,3 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
         return int(logits.argmax())
     probs = filtered_logits(logits.float(), params).softmax(dim=-1)
     return int(torch.multinomial(probs, 1, generator=generator))
-
-
-def sample_batch(logits: torch.Tensor, params: Sequence[SamplingParams],
-                 generators: Sequence[torch.Generator | None]) -> list[int]:
-    """One token per row of (n, vocab) logits: greedy rows in one argmax, the rest row by row
-    with their own generators, so a request's draws never depend on its neighbours."""
-    greedy_ids = logits.argmax(dim=-1).tolist()
-    return [g if p.greedy else sample(row, p, gen)
-            for g, row, p, gen in zip(greedy_ids, logits, params, generators)]

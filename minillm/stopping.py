@@ -1,6 +1,6 @@
-"""When does a request stop? The token-level rules, shared by chapter 1's loops and the engine.
+"""When does a request stop? One rule, shared by chapter 1's loops and the engine.
 
-Stop strings need text, so the detokenizer checks those (`minillm/detokenizer.py`).
+Stop strings need text, so the detokenizer finds those (`minillm/detokenizer.py`) and says so here.
 """
 
 from __future__ import annotations
@@ -11,14 +11,18 @@ from minillm.sampling import SamplingParams
 
 
 def stop_reason(output_ids: Sequence[int], num_prompt_tokens: int, params: SamplingParams,
-                eos_token_ids: Collection[int], max_model_len: int) -> str | None:
+                eos_token_ids: Collection[int], max_model_len: int, stop_string_found: bool = False) -> str | None:
     """"stop", "length" or None, judged after the newest token `output_ids[-1]` was appended.
 
-    stop:   the token is one of `params.stop_token_ids`, or an EOS id (unless `ignore_eos`)
+    stop:   a stop string completed, the token is one of `params.stop_token_ids`, or it is an EOS id
+            (unless `ignore_eos`)
     length: `max_new_tokens` reached, or the sequence filled the model's context
+
+    When both hold for the same token, "stop" wins: the request ended because it said what it had
+    to say, and would have ended there with any larger limit.
     """
     last = output_ids[-1]
-    if last in params.stop_token_ids or (not params.ignore_eos and last in eos_token_ids):
+    if stop_string_found or last in params.stop_token_ids or (not params.ignore_eos and last in eos_token_ids):
         return "stop"
     if len(output_ids) >= params.max_new_tokens or num_prompt_tokens + len(output_ids) >= max_model_len:
         return "length"

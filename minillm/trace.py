@@ -40,25 +40,41 @@ class StepRecord:
 
 @dataclass
 class Trace:
+    """The engine's recent steps, oldest first. A long-lived engine (a server) would otherwise grow
+    its trace forever, so only the newest `max_steps` records are kept (None keeps every step);
+    `num_dropped` counts the older ones let go, and `StepRecord.step` keeps counting from the start."""
+
     num_slots: int
     steps: list[StepRecord] = field(default_factory=list)
     max_model_len: int | None = None  # what a contiguous slot reserves per request
     block_size: int | None = None  # paged cache only
     num_blocks: int | None = None  # paged cache only
+    max_steps: int | None = None
+    num_dropped: int = 0
+
+    @property
+    def next_step(self) -> int:
+        """The number the next recorded step gets."""
+        return self.num_dropped + len(self.steps)
 
     def record(self, step: StepRecord) -> None:
         self.steps.append(step)
+        excess = len(self.steps) - self.max_steps if self.max_steps is not None else 0
+        if excess > 0:
+            del self.steps[:excess]
+            self.num_dropped += excess
 
     @property
     def slot_utilisation(self) -> float:
-        """Busy slot-steps / all slot-steps: 1.0 means no slot was ever idle."""
+        """Busy slot-steps / all slot-steps of the kept steps: 1.0 means no slot was ever idle."""
         if not self.steps:
             return 0.0
         return sum(s.busy_slots for s in self.steps) / (len(self.steps) * self.num_slots)
 
     def to_dict(self) -> dict:
         return {"num_slots": self.num_slots, "steps": [asdict(s) for s in self.steps],
-                "max_model_len": self.max_model_len, "block_size": self.block_size, "num_blocks": self.num_blocks}
+                "max_model_len": self.max_model_len, "block_size": self.block_size, "num_blocks": self.num_blocks,
+                "max_steps": self.max_steps, "num_dropped": self.num_dropped}
 
     @classmethod
     def from_dict(cls, data: dict) -> Trace:
@@ -67,4 +83,5 @@ class Trace:
                             tuple(s["admitted"]), tuple(s["finished"]), tuple(s.get("preempted", ())),
                             dict(s.get("kv_tokens", {})), {k: tuple(v) for k, v in s.get("blocks", {}).items()})
                  for s in data["steps"]]
-        return cls(data["num_slots"], steps, data.get("max_model_len"), data.get("block_size"), data.get("num_blocks"))
+        return cls(data["num_slots"], steps, data.get("max_model_len"), data.get("block_size"), data.get("num_blocks"),
+                   data.get("max_steps"), data.get("num_dropped", 0))

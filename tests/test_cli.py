@@ -1,13 +1,31 @@
-"""`python -m minillm generate`: prints the text then its metrics; bad input is one line, exit 2."""
+"""`python -m minillm generate`: prints the text then its metrics; bad input is one line, exit 2.
 
+The first tests start the real command in a subprocess; the rest call `minillm.cli.main` in this
+process (the same code, without paying torch's import for every case)."""
+
+import shutil
 import subprocess
 import sys
 
 import pytest
+import torch
+
+from minillm import ASSETS_DIR
+from minillm.cli import main
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "minillm", *args], capture_output=True, text=True, timeout=300)
+
+
+def run_here(capsys, *args: str) -> subprocess.CompletedProcess:
+    """`main(args)` in this process, reported like `run`."""
+    try:
+        code = main(list(args))
+    except SystemExit as exit_:  # argparse's errors
+        code = exit_.code
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out.out, out.err)
 
 
 def test_one_plus_one_greedy():
@@ -27,23 +45,59 @@ def test_streaming_prints_the_same_text():
 
 @pytest.mark.parametrize("args, message", [
     (("generate", "hi", "--model", "/no/such/folder"), "not a folder"),
-    (("generate", "hi", "--top-p", "1.5"), "top_p must be in"),
+    (("generate", "hi", "--top-p", "1.5"), "top_p must be a number in"),
     (("generate", "hi", "--max-new-tokens", "0"), "max_new_tokens must be"),
     (("generate", "hi", "--temperature", "abc"), "invalid float value"),
     (("generate", ""), "prompt is empty"),
     (("generate", "hi " * 3000), "context"),
     (("generate",), "required: prompt"),
     (("generate", "hi", "--model", "minillm-course/no-such-model"), "could not fetch"),
+    (("generate", "hi", "--device", "bogus"), "argument --device: device must be"),
+    (("generate", "hi", "--seed", str(2**64)), "seed must be an integer in [0, 2**64 - 1]"),
+    (("generate", "hi", "--seed", "-1"), "seed must be"),
+    (("generate", "hi", "--top-k", "0"), "top_k must be"),
+    (("generate", "hi", "--temperature", "1e400"), "temperature must be"),
 ])
-def test_bad_input_is_one_clear_line_and_exit_status_2(args, message):
-    proc = run(*args)
+def test_bad_input_is_one_clear_line_and_exit_status_2(capsys, args, message):
+    proc = run_here(capsys, *args)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in proc.stderr
 
 
-def test_help_lists_the_options():
-    proc = run("generate", "--help")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_asking_for_cuda_without_a_gpu_is_one_line(capsys):
+    proc = run_here(capsys, "generate", "hi", "--device", "cuda")
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert "argument --device" in proc.stderr and "no CUDA GPU" in proc.stderr
+
+
+@pytest.mark.parametrize("damage, message", [
+    ({"model.safetensors": b"not a safetensors file"}, "model.safetensors could not be loaded"),
+    ({"config.json": b"{ not json"}, "config.json is not a readable JSON file"),
+    ({"config.json": b"[1, 2]"}, "config.json should hold a JSON object"),
+    ({"config.json": b'{"model_type": "llama"}'}, "config.json does not describe a supported model"),
+])
+def test_a_broken_checkpoint_is_one_line_naming_the_file(capsys, tmp_path, damage, message):
+    folder = tmp_path / "broken"
+    shutil.copytree(ASSETS_DIR / "target", folder)
+    for name, content in damage.items():
+        (folder / name).write_bytes(content)
+    proc = run_here(capsys, "generate", "hi", "--model", str(folder))
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr
+    assert str(folder) in lines[0]
+
+
+def test_a_temperature_too_small_to_divide_by_is_greedy(capsys):
+    tiny = run_here(capsys, "generate", "ROMEO:", "--max-new-tokens", "8", "--temperature", "1e-40")
+    greedy = run_here(capsys, "generate", "ROMEO:", "--max-new-tokens", "8", "--temperature", "0")
+    assert tiny.returncode == 0, tiny.stderr
+    assert tiny.stdout.partition("\n\n[")[0] == greedy.stdout.partition("\n\n[")[0]
+
+
+def test_help_lists_the_options(capsys):
+    proc = run_here(capsys, "generate", "--help")
     assert proc.returncode == 0
     for option in ("--model", "--max-new-tokens", "--temperature", "--top-p", "--top-k", "--seed",
                    "--ignore-eos", "--stream"):

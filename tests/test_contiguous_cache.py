@@ -56,4 +56,4 @@ def test_misuse_is_rejected():
 def test_describe_reports_the_reservation():
     cache = ContiguousKVCache(num_layers=2, num_slots=3, max_len=10, num_kv_heads=2, head_dim=8)
     assert cache.nbytes == 3 * 10 * (2 * 2 * 2 * 8 * 4)
-    assert cache.describe().startswith("contiguous KV cache: 3 slots x 10 tokens reserved, 0.2 KiB per token")
+    assert cache.describe() == "contiguous KV cache: 3 slots x 10 tokens reserved, 256 B per token, 7.5 KiB"

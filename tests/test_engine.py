@@ -50,7 +50,7 @@ def paged_budget(model, block_size: int, num_blocks: int) -> int:
     return num_blocks * block_size * kv_bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim, model.dtype)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(arrivals=requests_strategy, kind=st.sampled_from(["static", "continuous", "paged"]),
        max_num_seqs=st.integers(1, 5), budget=st.integers(30, 120), block_size=st.sampled_from([8, 16, 32]),
        spare_blocks=st.integers(0, 8))

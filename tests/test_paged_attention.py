@@ -64,7 +64,7 @@ def test_sizes_and_misuse():
     cache = PagedKVCache(num_layers=3, num_blocks=5, block_size=4, num_kv_heads=2, head_dim=8)
     assert cache.bytes_per_token == kv_bytes_per_token(3, 2, 8, torch.float32) == 2 * 3 * 2 * 8 * 4
     assert cache.nbytes == 5 * 4 * cache.bytes_per_token and cache.num_slots == 20
-    assert "5 blocks" in cache.describe() and "KiB per token" in cache.describe()
+    assert cache.describe() == "paged KV cache: 5 blocks x 4 tokens = 20 tokens, 384 B per token, 7.5 KiB"
     with pytest.raises(ValueError, match="does not fit"):
         cache.batch([[0]], [3], [2])
     with pytest.raises(ValueError, match="outside"):

@@ -145,5 +145,5 @@ def test_async_api_on_the_paged_cache(model):
 def test_start_up_reports_blocks_and_bytes_per_token(model, caplog):
     with caplog.at_level("INFO", logger="minillm"):
         engine = paged_engine(model, block_size=16, num_blocks=5)
-    per_token = engine.cache.bytes_per_token
-    assert "5 blocks x 16 tokens" in caplog.text and f"{per_token / 1024:.1f} KiB per token" in caplog.text
+    assert engine.cache.bytes_per_token == 1024  # 2 (K, V) x 2 layers x 2 KV heads x 32 dims x 4 bytes
+    assert "5 blocks x 16 tokens = 80 tokens, 1.0 KiB per token, 80.0 KiB" in caplog.text

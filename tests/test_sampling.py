@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from minillm.sampling import SamplingParams, filtered_logits, sample, sample_batch, top_k_filter, top_p_filter
+from minillm.sampling import SamplingParams, filtered_logits, sample, top_k_filter, top_p_filter
 
 
 @pytest.mark.parametrize("k", [1, 2, 5, 50, 1000])
@@ -53,26 +53,37 @@ def test_seeded_sampling_is_reproducible_and_respects_filters():
     assert many <= set(torch.topk(logits, 3).indices.tolist()) and len(many) > 1
 
 
-def test_greedy_is_argmax_and_batches_keep_rows_independent():
-    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(1))
-    greedy = SamplingParams(temperature=0)
-    seeded = SamplingParams(temperature=1.0, seed=5)
-    alone = sample(logits[1], seeded, seeded.make_generator())
-    batch = sample_batch(logits, [greedy, seeded, greedy], [None, seeded.make_generator(), None])
-    assert batch == [int(logits[0].argmax()), alone, int(logits[2].argmax())]
+def test_greedy_is_argmax_and_tiny_temperatures_are_greedy():
+    logits = torch.randn(50, generator=torch.Generator().manual_seed(1)) * 30
+    for temperature in (0, 0.0, 1e-38, 5e-6):  # 1e-38 would overflow float32: logits / t = inf
+        params = SamplingParams(temperature=temperature)
+        assert params.greedy and sample(logits, params) == int(logits.argmax())
+    assert not SamplingParams(temperature=1e-5).greedy
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("temperature", -0.1, "temperature must be in"),
-    ("temperature", float("nan"), "temperature must be in"),
+    ("temperature", -0.1, "temperature must be a number in"),
+    ("temperature", float("nan"), "temperature must be a number in"),
+    ("temperature", True, "temperature must be a number in"),
+    ("temperature", "0.7", "temperature must be a number in"),
     ("top_k", 0, "top_k must be"),
-    ("top_p", 0.0, "top_p must be in"),
-    ("top_p", 1.5, "top_p must be in"),
+    ("top_k", True, "top_k must be"),
+    ("top_k", 2.0, "top_k must be"),
+    ("top_p", 0.0, "top_p must be a number in"),
+    ("top_p", 1.5, "top_p must be a number in"),
+    ("top_p", float("inf"), "top_p must be a number in"),
     ("max_new_tokens", 0, "max_new_tokens must be"),
     ("max_new_tokens", 2.5, "max_new_tokens must be"),
     ("stop", ("",), "stop must hold"),
     ("stop_token_ids", (-1,), "stop_token_ids must hold"),
+    ("stop_token_ids", (True,), "stop_token_ids must hold"),
+    ("stop_token_ids", 5, "stop_token_ids must be a list"),
+    ("stop", 5, "stop must be a list"),
+    ("ignore_eos", "no", "ignore_eos must be"),
     ("seed", -3, "seed must be"),
+    ("seed", True, "seed must be"),
+    ("seed", 2**64, "seed must be an integer in"),
+    ("seed", 1.5, "seed must be"),
 ])
 def test_invalid_params_name_the_field_and_range(field, value, message):
     with pytest.raises(ValueError, match=message):

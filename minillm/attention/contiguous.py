@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from minillm.attention.masks import additive_mask, prefill_mask
+from minillm.memory import format_bytes
 
 
 class ContiguousKVCache:
@@ -43,7 +44,7 @@ class ContiguousKVCache:
     def describe(self) -> str:
         per_token = self.nbytes // (self.num_slots * self.max_len)
         return (f"contiguous KV cache: {self.num_slots} slots x {self.max_len} tokens reserved, "
-                f"{per_token / 1024:.1f} KiB per token, {self.nbytes / 2**20:.1f} MiB")
+                f"{format_bytes(per_token)} per token, {format_bytes(self.nbytes)}")
 
     def batch(self, slots: list[int], starts: list[int], query_lens: list[int]) -> ContiguousBatch:
         """The backend for one forward pass: sequence i writes query_lens[i] tokens into slot

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from minillm.attention import paged_ops
 from minillm.attention.masks import prefill_mask
+from minillm.memory import format_bytes
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -40,8 +41,9 @@ class PagedKVCache:
         if use_triton:
             from minillm.attention import triton_paged
 
-            if not triton_paged.TRITON_AVAILABLE:
-                raise RuntimeError("use_triton=True but triton is not installed")
+            reason = triton_paged.unavailable_reason(torch.device(device))
+            if reason is not None:
+                raise ValueError(f"use_triton=True, but the Triton kernels cannot run here: {reason}")
             if block_size & (block_size - 1):
                 raise ValueError(f"the Triton kernels need a power-of-two block_size, got {block_size}")
             self.ops = triton_paged
@@ -65,7 +67,7 @@ class PagedKVCache:
 
     def describe(self) -> str:
         return (f"paged KV cache: {self.num_blocks} blocks x {self.block_size} tokens = {self.num_slots} tokens, "
-                f"{self.bytes_per_token / 1024:.1f} KiB per token, {self.nbytes / 2**20:.1f} MiB")
+                f"{format_bytes(self.bytes_per_token)} per token, {format_bytes(self.nbytes)}")
 
     def batch(self, block_tables: Sequence[Sequence[int]], starts: list[int], query_lens: list[int]) -> PagedBatch:
         """The backend for one forward pass: sequence i writes query_lens[i] tokens at positions

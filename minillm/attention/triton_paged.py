@@ -46,7 +46,7 @@ except ImportError:  # e.g. the CPU builds of torch, which do not depend on trit
     tl = None
     TRITON_AVAILABLE = False
 
-__all__ = ["TRITON_AVAILABLE", "paged_decode_attention", "store_kv"]
+__all__ = ["TRITON_AVAILABLE", "paged_decode_attention", "store_kv", "unavailable_reason"]
 
 
 if TRITON_AVAILABLE:
@@ -138,6 +138,25 @@ if TRITON_AVAILABLE:
         out = acc / running_sum
         out_ptrs = out_ptr + seq * stride_out_seq + head * stride_out_head + dims * stride_out_dim
         tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=dim_mask)
+
+
+def unavailable_reason(device: torch.device) -> str | None:
+    """Why the kernels cannot run on `device` on this machine, or None if they can: on CUDA, or
+    anywhere in Triton's interpreter (TRITON_INTERPRET=1 when triton was first imported)."""
+    if not TRITON_AVAILABLE:
+        return "the `triton` package is not installed"
+    from triton.runtime.interpreter import InterpretedFunction
+
+    if isinstance(_store_kv_kernel, InterpretedFunction):
+        return None
+    if device.type != "cuda":
+        return (f"Triton compiles its kernels for a GPU, and this engine runs on {device.type} (to run them on "
+                "the CPU in Triton's interpreter, set TRITON_INTERPRET=1 before triton is imported)")
+    try:
+        triton.runtime.driver.active  # noqa: B018 (raises when Triton finds no GPU driver)
+    except RuntimeError as err:
+        return f"Triton found no GPU driver: {err}"
+    return None
 
 
 def _require_triton() -> None:

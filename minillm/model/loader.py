@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from minillm.model.config import ModelConfig
 from minillm.model.decoder import CausalLM
@@ -52,20 +52,57 @@ def _download(repo_id: str) -> Path:
         raise FileNotFoundError(f"could not fetch {repo_id!r} from the hub: {reason}") from err
 
 
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path} is not a readable JSON file: {err}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} should hold a JSON object, got {type(data).__name__}")
+    return data
+
+
 def read_config(path: Path) -> ModelConfig:
-    hf = json.loads((path / "config.json").read_text())
+    hf = _read_json(path / "config.json")
     eos: tuple[int, ...] = ()
     gen_path = path / "generation_config.json"
     if gen_path.is_file():
-        gen_eos = json.loads(gen_path.read_text()).get("eos_token_id")
+        gen_eos = _read_json(gen_path).get("eos_token_id")
         eos = (gen_eos,) if isinstance(gen_eos, int) else tuple(gen_eos or ())
-    return ModelConfig.from_hf(hf, eos_token_ids=eos)
+    try:
+        return ModelConfig.from_hf(hf, eos_token_ids=eos)
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"{path / 'config.json'} does not describe a supported model: "
+                         f"{type(err).__name__}: {err}") from None
+
+
+def resolve_device(device: torch.device | str | None) -> torch.device:
+    """The device to run on (None: cuda when available, else cpu); a clear ValueError for a name
+    torch does not know or a GPU this machine does not have."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {str(device)!r} ({err})") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {str(device)!r}")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {str(device)!r} asked for, but this torch sees no CUDA GPU "
+                             f"(torch {torch.__version__}; use device='cpu')")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"device {str(device)!r} asked for, but there are {torch.cuda.device_count()} GPUs")
+    return device
 
 
 def _checkpoint_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        weight_map = _read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"{index} has no weight_map")
+        shards = sorted(set(weight_map.values()))
         return [path / shard for shard in shards]
     single = path / "model.safetensors"
     if single.is_file():
@@ -84,26 +121,34 @@ def load_weights(model: CausalLM, files: list[Path]) -> None:
     params = dict(model.named_parameters())
     loaded: set[str] = set()
     for file in files:
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
-                if "rotary_emb" in name:
-                    continue
-                tensor = f.get_tensor(name)
-                target, shard = _target_name(name)
-                if target == "lm_head.weight" and model.lm_head is None:
-                    continue  # tied: the embedding matrix is the LM head
-                if target not in params:
-                    raise ValueError(f"checkpoint tensor {name!r} has no place in the model")
-                param = params[target]
-                if shard is None:
-                    param.copy_(tensor)
-                else:
-                    rows = _shard_rows(model.config, target, shard)
-                    param[rows].copy_(tensor)
-                loaded.add(f"{target}#{shard}")
+        try:
+            _load_file(model, file, params, loaded)
+        except (OSError, SafetensorError, RuntimeError) as err:  # unreadable, corrupt, or shapes that disagree
+            raise ValueError(f"{file} could not be loaded: {type(err).__name__}: {err}") from None
     missing = [n for n in params if not any(key.startswith(n + "#") for key in loaded)]
     if missing:
         raise ValueError(f"checkpoint is missing weights: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+
+
+def _load_file(model: CausalLM, file: Path, params: dict[str, torch.nn.Parameter], loaded: set[str]) -> None:
+    """Copy one safetensors file's tensors into `params`, noting each in `loaded`."""
+    with safe_open(str(file), framework="pt") as f:
+        for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
+            if "rotary_emb" in name:
+                continue
+            tensor = f.get_tensor(name)
+            target, shard = _target_name(name)
+            if target == "lm_head.weight" and model.lm_head is None:
+                continue  # tied: the embedding matrix is the LM head
+            if target not in params:
+                raise ValueError(f"checkpoint tensor {name!r} has no place in the model")
+            param = params[target]
+            if shard is None:
+                param.copy_(tensor)
+            else:
+                rows = _shard_rows(model.config, target, shard)
+                param[rows].copy_(tensor)
+            loaded.add(f"{target}#{shard}")
 
 
 def _target_name(hf_name: str) -> tuple[str, int | None]:
@@ -129,7 +174,7 @@ def load_model(model: str | Path | None = None, dtype: torch.dtype | str | None 
     """Build minillm's `CausalLM` from a checkpoint (default: the shipped target)."""
     path = resolve_checkpoint(model)
     config = read_config(path)
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device(device)
     if isinstance(dtype, str):
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
@@ -148,7 +193,10 @@ def load_tokenizer(model: str | Path | None = None):
     from transformers import AutoTokenizer
 
     path = resolve_checkpoint(model)
-    return AutoTokenizer.from_pretrained(path)
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except Exception as err:  # transformers raises many types for a broken tokenizer folder
+        raise ValueError(f"the tokenizer in {path} could not be loaded: {type(err).__name__}: {err}") from None
 
 
 def load(model: str | Path | None = None, dtype: torch.dtype | str | None = None,

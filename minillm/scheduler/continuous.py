@@ -25,17 +25,18 @@ from minillm.scheduler.output import SchedulerOutput
 class ContinuousScheduler(Scheduler):
     def schedule(self) -> SchedulerOutput:
         budget = self.max_tokens_per_step
-        chunks, new = [], []
+        chunks, new, preempted = [], [], []
         for request in list(self.running):  # oldest first; preemption takes from the newest end
             need = request.num_uncomputed_tokens
             if request.status is not RequestStatus.RUNNING or need > budget:
                 continue  # preempted just now, or its turn comes next step
-            if not self._grow_blocks(request):
+            preempted += self._make_room(request)
+            if request.status is not RequestStatus.RUNNING:
                 continue  # it was the newest: preempted itself
             chunks.append(self._chunk(request, need))
             budget -= need
         # admit while slots, budget and blocks allow (not in a step that had to preempt: no thrashing)
-        while self.waiting and self.free_slots and not self._preempted_ids and self._fits(self.waiting[0], budget):
+        while self.waiting and self.free_slots and not preempted and self._fits(self.waiting[0], budget):
             request = self.waiting.popleft()
             self._admit(request)
             if self.pool is not None:
@@ -43,25 +44,28 @@ class ContinuousScheduler(Scheduler):
             chunks.append(self._chunk(request, request.num_uncomputed_tokens))
             budget -= request.num_uncomputed_tokens
             new.append(request)
-        return self._output(chunks, new)
+        return self._output(chunks, new, preempted)
 
     def _fits(self, request: Request, budget: int) -> bool:
         if request.num_uncomputed_tokens > budget:
             return False
         return self.pool is None or self.pool.can_hold(request.request_id, request.num_tokens)
 
-    def _grow_blocks(self, request: Request) -> bool:
+    def _make_room(self, request: Request) -> list[str]:
         """Give a running request the blocks for all its tokens, preempting the newest running
-        requests while the pool is short. False if `request` itself had to be preempted."""
+        requests while the pool is short (`request` itself, if it is the newest). Returns the ids
+        of the preempted."""
         if self.pool is None:
-            return True
+            return []
+        preempted = []
         while not self.pool.can_hold(request.request_id, request.num_tokens):
             victim = self.running[-1]
             self._preempt(victim)
+            preempted.append(victim.request_id)
             if victim is request:
-                return False
+                return preempted
         self.pool.append(request.request_id, request.num_tokens)
-        return True
+        return preempted
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
@@ -72,4 +76,3 @@ class ContinuousScheduler(Scheduler):
         request.status = RequestStatus.PREEMPTED
         request.num_preemptions += 1
         self.waiting.appendleft(request)
-        self._preempted_ids.append(request.request_id)

@@ -24,9 +24,7 @@ class StaticScheduler(Scheduler):
 
     def schedule(self) -> SchedulerOutput:
         new = []
-        if not self.running:  # the whole batch is done: its slots come back, a new batch forms
-            self.free_slots = sorted(self.free_slots + [r.slot for r in self.batch])
-            self.batch = []
+        if not self.running:  # the last batch is done (its slots came back): a new batch forms
             budget = self.max_tokens_per_step
             while self.waiting and self.free_slots and self.waiting[0].num_uncomputed_tokens <= budget:
                 request = self.waiting.popleft()
@@ -45,7 +43,10 @@ class StaticScheduler(Scheduler):
                               is_prefill=False, is_padding=True)
 
     def _release_slot(self, request: Request) -> None:
-        pass  # the slot stays with the batch until every member has finished
+        """A member's slot stays with the batch until every member has finished; then all come back."""
+        if not self.running:
+            self.free_slots = sorted(self.free_slots + [r.slot for r in self.batch])
+            self.batch = []
 
     def slot_owners(self) -> dict[int, str]:
         return {r.slot: r.request_id for r in self.batch}

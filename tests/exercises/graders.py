@@ -259,7 +259,7 @@ def matches_the_engine_scheduler_on_random_queues(impl):
     rng = random.Random(7)
     for trial in range(50):
         slots, budget = rng.randint(1, 6), rng.randint(1, 60)
-        scheduler = ContinuousScheduler(slots, 512, budget, eos_token_ids=())
+        scheduler = ContinuousScheduler(slots, 512, budget)
         for i in range(rng.randint(0, slots)):  # running requests: decoding or mid-prompt
             r = Request(f"r{i}", [1] * rng.randint(1, 40), SamplingParams(), 0.0)
             scheduler.add(r)
