@@ -246,8 +246,8 @@ class LLMEngine:
         return result
 
     def _emit(self, request: Request, now: float) -> str:
-        """A new token of `request`: its text, and whether it ends the request (stop strings need
-        the text, so the stop rules are judged here)."""
+        """Record a new token of `request`, retire the request if the token ends it (stop strings
+        need the text, so the stop rules are judged here), and return the token's new text."""
         request.metrics.record_token(now)
         detok = self.detokenizers[request.request_id]
         delta = detok.push(request.output_token_ids[-1])
