@@ -43,6 +43,8 @@ class _Submission:
 
 
 class AsyncLLM:
+    """Serves one event loop at a time; the engine behind it is touched under `engine.lock` only."""
+
     def __init__(self, model: str | None = None, config: EngineConfig | None = None,
                  engine: LLMEngine | None = None):
         if engine is None:
@@ -55,6 +57,7 @@ class AsyncLLM:
         self._streams: dict[str, asyncio.Queue] = {}
         self._ids = itertools.count()
         self._loop_task: asyncio.Task | None = None
+        self._epoch = 0  # bumped when the work of an abandoned event loop is reclaimed
 
     def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
                request_id: str | None = None) -> asyncio.Future:
@@ -81,48 +84,100 @@ class AsyncLLM:
             raise RuntimeError(f"request {output.request_id!r} failed: {output.error}")
 
     def abort(self, request_id: str) -> None:
-        """Abort a submitted request; its future resolves with finish_reason "abort"."""
+        """Abort a submitted request; its future resolves with finish_reason "abort". Unknown or
+        finished ids are ignored."""
+        if not isinstance(request_id, str):
+            raise ValueError(f"request_id must be a str, got {type(request_id).__name__}")
+        self._bind_loop()
         self._aborts.append(request_id)
         self._ensure_running()
 
+    # ------------------------------------------------------------------ the caller's side (event-loop thread)
     def _enqueue(self, prompt, params, request_id, stream) -> asyncio.Future:
+        loop = self._bind_loop()
+        future = loop.create_future()
+        if request_id is not None and (not isinstance(request_id, str) or not request_id):
+            future.set_exception(ValueError(f"request_id must be a non-empty str or None, got {request_id!r}"))
+            self._end_stream(stream)
+            return future
+        request_id = request_id if request_id is not None else self._new_request_id()
+        self._pending.append(_Submission(request_id, prompt, params, future, stream))
+        future.add_done_callback(lambda f: self._on_done(request_id, f))
+        self._ensure_running()
+        return future
+
+    def _new_request_id(self) -> str:
+        taken = {sub.request_id for sub in self._pending}
+        while (request_id := f"async-{next(self._ids)}") in self.engine.requests or request_id in taken:
+            pass
+        return request_id
+
+    def _on_done(self, request_id: str, future: asyncio.Future) -> None:
+        """A cancelled future aborts its own request (not another one that shares its id)."""
+        request = self.engine.requests.get(request_id)
+        if future.cancelled() and request is not None and request.future is future:
+            self.abort(request_id)
+
+    def _bind_loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop, which this AsyncLLM now serves. Work left by a loop that stopped or
+        closed is reclaimed (aborted); a loop still running in another thread is refused."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             raise RuntimeError("AsyncLLM needs a running event loop (await it from async code, or use LLM for "
                                "plain synchronous calls)") from None
-        future = loop.create_future()
-        if request_id is None:
-            request_id = f"async-{next(self._ids)}"
-        self._pending.append(_Submission(request_id, prompt, params, future, stream))
-        future.add_done_callback(lambda f: f.cancelled() and self.abort(request_id))
-        self._ensure_running()
-        return future
+        task = self._loop_task
+        if task is not None and not task.done() and task.get_loop() is not loop:
+            if task.get_loop().is_running():
+                raise RuntimeError("this AsyncLLM is serving an event loop in another thread: create one AsyncLLM "
+                                   "per event loop")
+            self._reclaim()
+        return loop
+
+    def _reclaim(self) -> None:
+        """Abort everything an abandoned event loop left in flight; its task, if it ever runs again,
+        sees a new epoch and stops."""
+        self._epoch += 1
+        self._loop_task = None
+        with self.engine.lock:
+            for request_id in self.engine.unfinished_ids():
+                self.engine.abort(request_id)
+                self.engine.release(request_id)
+        self._pending, self._aborts, self._streams = [], [], {}
 
     def _ensure_running(self) -> None:
         if self._loop_task is None or self._loop_task.done():
-            self._loop_task = asyncio.get_running_loop().create_task(self._run())
+            self._loop_task = asyncio.get_running_loop().create_task(self._run(self._epoch))
 
+    # ------------------------------------------------------------------ the engine's side
     def _apply_queued(self) -> None:
-        """Between steps: admit new submissions, apply aborts (the engine is idle now)."""
+        """Between steps (holding the engine's lock): apply aborts, admit new submissions, then the
+        aborts of requests just admitted. Aborting first frees the id of a request that timed out
+        for its retry."""
+        aborts, self._aborts = self._aborts, []
+        later = [request_id for request_id in aborts if not self._abort_now(request_id)]
         pending, self._pending = self._pending, []
         for sub in pending:
             if sub.future.done():  # cancelled before it was admitted
-                self._end_stream(sub.request_id, sub.stream)
+                self._end_stream(sub.stream)
                 continue
             try:
                 request = self.engine.add_request(sub.prompt, sub.params, request_id=sub.request_id)
             except Exception as err:  # refused at the door, whatever the type: this request's error alone
                 sub.future.set_exception(err)
-                self._end_stream(sub.request_id, sub.stream)
+                self._end_stream(sub.stream)
                 continue
             request.future = sub.future  # the request owns its future (its input field group)
             if sub.stream is not None:
                 self._streams[sub.request_id] = sub.stream
-        aborts, self._aborts = self._aborts, []
-        for request_id in aborts:
-            if self.engine.abort(request_id):
-                self._deliver(request_id)
+        for request_id in later:
+            self._abort_now(request_id)
+
+    def _abort_now(self, request_id: str) -> bool:
+        if not self.engine.abort(request_id):
+            return False
+        self._deliver(request_id)
+        return True
 
     def _deliver(self, request_id: str) -> None:
         request = self.engine.requests[request_id]
@@ -130,37 +185,48 @@ class AsyncLLM:
         self.engine.release(request_id)
         if request.future is not None and not request.future.done():
             request.future.set_result(output)
-        self._end_stream(request_id, self._streams.pop(request_id, None))
+        self._end_stream(self._streams.pop(request_id, None))
 
     @staticmethod
-    def _end_stream(request_id: str, stream: asyncio.Queue | None) -> None:
+    def _end_stream(stream: asyncio.Queue | None) -> None:
         if stream is not None:
             stream.put_nowait(None)
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            self._apply_queued()
-            if not self.engine.has_unfinished():
-                return
-            step = loop.run_in_executor(None, self.engine.step)
+    def _locked_step(self):
+        with self.engine.lock:
+            return self.engine.step()
+
+    async def _run(self, epoch: int) -> None:
+        loop, lock = asyncio.get_running_loop(), self.engine.lock
+        while epoch == self._epoch:
             try:
-                updates = await asyncio.shield(step)
-            except asyncio.CancelledError:  # the event loop is shutting down: nobody will await these
-                await asyncio.wait([step])  # the step in flight finishes first; the engine is ours again
-                self._end_all("the engine loop was cancelled", abort=True)
-                raise
+                with lock:
+                    self._apply_queued()
+                    if not self.engine.has_unfinished():
+                        return
+                step = loop.run_in_executor(None, self._locked_step)
+                try:
+                    updates = await asyncio.shield(step)
+                except asyncio.CancelledError:  # the event loop is shutting down: nobody will await these
+                    await asyncio.wait([step])  # the step in flight finishes first
+                    with lock:
+                        self._end_all("the engine loop was cancelled", abort=True)
+                        self._pending, self._aborts = [], []
+                    raise
+                if epoch != self._epoch:  # reclaimed while the step ran
+                    return
+                with lock:
+                    for update in updates:
+                        stream = self._streams.get(update.request_id)
+                        if stream is not None and update.delta:
+                            stream.put_nowait(update.delta)
+                        if update.finished:
+                            self._deliver(update.request_id)
             except Exception as err:  # a defect inside the engine: end what was in flight, keep serving
                 logger.exception("an engine step failed; its requests end with an error")
-                if not self._end_all(f"{type(err).__name__}: {err}", abort=False):
-                    return
-                continue
-            for update in updates:
-                stream = self._streams.get(update.request_id)
-                if stream is not None and update.delta:
-                    stream.put_nowait(update.delta)
-                if update.finished:
-                    self._deliver(update.request_id)
+                with lock:
+                    if not self._end_all(f"{type(err).__name__}: {err}", abort=False):
+                        return
 
     def _end_all(self, reason: str, abort: bool) -> bool:
         """End every unfinished request (abort, or fail with `reason`) and deliver it. False if the

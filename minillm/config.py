@@ -8,8 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from minillm.sampling import is_int
+
 BATCHING = ("static", "continuous")
 KV_LAYOUTS = ("contiguous", "paged")
+INTEGER_RANGES = {"max_num_seqs": (1, 4096), "max_model_len": (2, None), "max_tokens_per_step": (1, None),
+                  "block_size": (1, 1024), "kv_cache_bytes": (1, None), "trace_max_steps": (1, None)}
+OPTIONAL = {"max_model_len", "kv_cache_bytes", "trace_max_steps"}  # None is allowed
 
 
 @dataclass(frozen=True)
@@ -37,28 +42,21 @@ class EngineConfig:
             raise ValueError(f"kv must be one of {KV_LAYOUTS}, got {self.kv!r}")
         if self.kv == "paged" and self.batching != "continuous":
             raise ValueError("kv='paged' needs batching='continuous' (preemption re-forms the batch every step)")
-        for name in ("block_size", "max_num_seqs", "max_model_len", "max_tokens_per_step", "kv_cache_bytes",
-                     "trace_max_steps"):
-            if isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be an integer, got a bool ({getattr(self, name)!r})")
-        if not isinstance(self.block_size, int) or not 1 <= self.block_size <= 1024:
-            raise ValueError(f"block_size must be an integer in [1, 1024], got {self.block_size!r}")
-        if self.kv_cache_bytes is not None and (not isinstance(self.kv_cache_bytes, int) or self.kv_cache_bytes < 1):
-            raise ValueError(f"kv_cache_bytes must be a positive integer or None, got {self.kv_cache_bytes!r}")
+        for name, (low, high) in INTEGER_RANGES.items():
+            value = getattr(self, name)
+            if value is None and name in OPTIONAL:
+                continue
+            if not is_int(value) or value < low or (high is not None and value > high):
+                bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
+                raise ValueError(f"{name} must be an integer {bound}{' or None' if name in OPTIONAL else ''}, "
+                                 f"got {value!r}")
+            object.__setattr__(self, name, int(value))  # a numpy integer becomes a plain int
         if (not isinstance(self.gpu_memory_utilization, int | float) or isinstance(self.gpu_memory_utilization, bool)
                 or not 0 < self.gpu_memory_utilization <= 1):
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
-        if self.use_triton not in (None, True, False):
+        if self.use_triton is not None and not isinstance(self.use_triton, bool):
             raise ValueError(f"use_triton must be None, True or False, got {self.use_triton!r}")
-        if not isinstance(self.max_num_seqs, int) or not 1 <= self.max_num_seqs <= 4096:
-            raise ValueError(f"max_num_seqs must be an integer in [1, 4096], got {self.max_num_seqs!r}")
-        if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
-            raise ValueError(f"max_model_len must be an integer >= 2 or None, got {self.max_model_len!r}")
-        if not isinstance(self.max_tokens_per_step, int) or self.max_tokens_per_step < 1:
-            raise ValueError(f"max_tokens_per_step must be an integer >= 1, got {self.max_tokens_per_step!r}")
         if self.device not in (None, "cpu", "cuda") and not str(self.device).startswith("cuda:"):
             raise ValueError(f"device must be None, 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
-        if self.trace_max_steps is not None and (not isinstance(self.trace_max_steps, int) or self.trace_max_steps < 1):
-            raise ValueError(f"trace_max_steps must be an integer >= 1 or None, got {self.trace_max_steps!r}")
         if self.dtype not in (None, "float32", "float16", "bfloat16"):
             raise ValueError(f"dtype must be None, 'float32', 'float16' or 'bfloat16', got {self.dtype!r}")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -70,7 +71,8 @@ class StepUpdate:
 class LLMEngine:
     """Owns the scheduler, the KV cache and the runner; `step()` advances every request once.
 
-    Not thread-safe on its own: one caller drives it (`LLM` holds a lock, `AsyncLLM` one loop)."""
+    Its methods are not thread-safe on their own: whoever drives it holds `engine.lock` (`LLM` for
+    a whole `generate` call, `AsyncLLM` around each step and between steps)."""
 
     def __init__(self, model: CausalLM, tokenizer, config: EngineConfig | None = None):
         self.model, self.tokenizer = model, tokenizer
@@ -93,6 +95,7 @@ class LLMEngine:
             self.trace.block_size, self.trace.num_blocks = self.pool.block_size, self.pool.num_blocks
         self._ids = itertools.count()
         self._t0 = time.perf_counter()
+        self.lock = threading.RLock()
 
     def _make_kv_cache(self) -> tuple[ContiguousKVCache | PagedKVCache, BlockPool | None]:
         """A contiguous cache (a max_model_len slot per batch slot), or a paged cache sized from a byte
@@ -120,10 +123,11 @@ class LLMEngine:
         self._check_memory(num_blocks * config.block_size * per_token,
                            f"{num_blocks} blocks x {config.block_size} tokens x {format_bytes(per_token)} per token")
         use_triton = config.use_triton
-        if use_triton is None and model.device.type == "cuda":
+        if use_triton is None and model.device.type == "cuda":  # when they can run and were not asked for by name
             from minillm.attention.triton_paged import unavailable_reason
 
-            use_triton = unavailable_reason(model.device) is None
+            power_of_two = config.block_size & (config.block_size - 1) == 0
+            use_triton = power_of_two and unavailable_reason(model.device) is None
         cache = PagedKVCache.for_model(spec, num_blocks, config.block_size, model.dtype, model.device, bool(use_triton))
         logger.info("%s (%s)", cache.describe(), "Triton kernels" if use_triton else "torch reference")
         return cache, BlockPool(num_blocks, config.block_size)
@@ -149,7 +153,8 @@ class LLMEngine:
             raise ValueError(f"request_id must be a non-empty str or None, got {request_id!r}")
         elif request_id in self.requests and not self.requests[request_id].status.is_done:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        if arrival_time is not None and (isinstance(arrival_time, bool) or not isinstance(arrival_time, int | float)):
+        if arrival_time is not None and (isinstance(arrival_time, bool) or not isinstance(arrival_time, int | float)
+                                         or not math.isfinite(arrival_time)):
             raise ValueError(f"arrival_time must be a time.perf_counter() value or None, got {arrival_time!r}")
         ids = encode_prompt(self.tokenizer, prompt, self.max_model_len, self.model.config.vocab_size)
         if len(ids) > self.config.max_tokens_per_step:
@@ -191,7 +196,7 @@ class LLMEngine:
         return self._finish(request_id, "error", text)
 
     def _finish(self, request_id: str, reason: str, error: str | None = None) -> bool:
-        request = self.requests.get(request_id)
+        request = self.requests.get(request_id) if isinstance(request_id, str) else None
         if request is None or request.status.is_done:
             return False
         self.scheduler.finish(request, reason)
@@ -298,7 +303,7 @@ class LLM:
         llm = LLM()                                   # the shipped target, continuous batching
         outs = llm.generate(["ROMEO:", "What is 1+1? Answer:"], SamplingParams(temperature=0))
 
-    Calls from several threads take turns (a lock): the engine serves one call at a time.
+    Calls from several threads take turns (the engine's lock): one call at a time.
     """
 
     def __init__(self, model: str | None = None, config: EngineConfig | None = None):
@@ -307,7 +312,6 @@ class LLM:
             raise ValueError(f"config must be an EngineConfig, got {type(config).__name__}")
         net, tokenizer = load(model, dtype=config.dtype, device=config.device)
         self.engine = LLMEngine(net, tokenizer, config)
-        self._lock = threading.Lock()
 
     @property
     def tokenizer(self):
@@ -324,13 +328,16 @@ class LLM:
         """
         if isinstance(prompts, str):
             prompts = [prompts]
-        if not isinstance(prompts, Sequence):
+        if not isinstance(prompts, Sequence) or isinstance(prompts, bytes | bytearray):
             raise ValueError(f"prompts must be a str or a list of prompts, got {type(prompts).__name__}")
         if params is None or isinstance(params, SamplingParams):
             params = [params if params is not None else SamplingParams()] * len(prompts)
         if not isinstance(params, Sequence) or len(params) != len(prompts):
             raise ValueError(f"params must be one SamplingParams or one per prompt ({len(prompts)})")
-        with self._lock:
+        with self.engine.lock:
+            if self.engine.has_unfinished():
+                raise RuntimeError("the engine is serving requests this call did not add (an AsyncLLM on the same "
+                                   "engine?): drive one engine through one API")
             return self._generate(prompts, params, use_tqdm)
 
     def _generate(self, prompts, params, use_tqdm: bool) -> list[RequestOutput]:
@@ -350,17 +357,9 @@ class LLM:
             with tqdm(total=len(ids) - len(refused), desc="generate", unit="req", disable=not use_tqdm) as bar:
                 while engine.has_unfinished():
                     bar.update(sum(u.finished for u in engine.step()))
-        except BaseException:
+            return [refused[i] if i in refused else engine.output(i) for i in ids]
+        finally:  # delivered, or abandoned by an exception: either way the call's requests leave the engine
             for request_id in ids:
                 if request_id in engine.requests:
                     engine.abort(request_id)
                     engine.release(request_id)
-            raise
-        outputs = []
-        for request_id in ids:
-            if request_id in refused:
-                outputs.append(refused[request_id])
-            else:
-                outputs.append(engine.output(request_id))
-                engine.release(request_id)
-        return outputs

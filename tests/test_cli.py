@@ -3,6 +3,7 @@
 The first tests start the real command in a subprocess; the rest call `minillm.cli.main` in this
 process (the same code, without paying torch's import for every case)."""
 
+import json
 import shutil
 import subprocess
 import sys
@@ -72,17 +73,37 @@ def test_asking_for_cuda_without_a_gpu_is_one_line(capsys):
     assert "argument --device" in proc.stderr and "no CUDA GPU" in proc.stderr
 
 
+def _config_with(**changes) -> bytes:
+    config = json.loads((ASSETS_DIR / "target" / "config.json").read_text())
+    config.update(changes)
+    return json.dumps({k: v for k, v in config.items() if v is not None}).encode()
+
+
 @pytest.mark.parametrize("damage, message", [
     ({"model.safetensors": b"not a safetensors file"}, "model.safetensors could not be loaded"),
     ({"config.json": b"{ not json"}, "config.json is not a readable JSON file"),
     ({"config.json": b"[1, 2]"}, "config.json should hold a JSON object"),
     ({"config.json": b'{"model_type": "llama"}'}, "config.json does not describe a supported model"),
+    ({"config.json": _config_with(vocab_size=4096.0)}, "vocab_size must be an integer >= 1, got 4096.0"),
+    ({"config.json": _config_with(num_attention_heads=0)}, "config.json does not describe a supported model"),
+    ({"config.json": _config_with(rms_norm_eps="x")}, "rms_norm_eps must be a positive number"),
+    ({"config.json": _config_with(rope_parameters=None, rope_scaling={"rope_type": "linear"})},
+     "linear RoPE scaling needs a positive number 'factor'"),
+    ({"config.json": _config_with(max_position_embeddings=10**13)}, "describes could not be built"),
+    ({"generation_config.json": b'{"eos_token_id": 2.0}'}, "eos_token_id must be a token id"),
+    ({"generation_config.json": b'{"eos_token_id": "0"}'}, "eos_token_id must be a token id"),
+    ({"model.safetensors.index.json": b'{"weight_map": {"a": ["x"]}}'}, "has no weight_map of tensor names"),
+    ({"model.safetensors.index.json": b'{"weight_map": {"a": "../../etc/passwd"}}'}, "points outside its folder"),
+    ({"tokenizer.json": None}, "is tokenizer.json missing?"),
 ])
 def test_a_broken_checkpoint_is_one_line_naming_the_file(capsys, tmp_path, damage, message):
     folder = tmp_path / "broken"
     shutil.copytree(ASSETS_DIR / "target", folder)
     for name, content in damage.items():
-        (folder / name).write_bytes(content)
+        if content is None:
+            (folder / name).unlink()
+        else:
+            (folder / name).write_bytes(content)
     proc = run_here(capsys, "generate", "hi", "--model", str(folder))
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr

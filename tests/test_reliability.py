@@ -45,7 +45,7 @@ def tiny_engine(model, kind: str = "paged", **overrides) -> LLMEngine:
 def tiny_llm(model, kind: str = "paged", **overrides) -> LLM:
     """An `LLM` around the tiny random model (LLM() itself would load a checkpoint)."""
     llm = LLM.__new__(LLM)
-    llm.engine, llm._lock = tiny_engine(model, kind, **overrides), threading.Lock()
+    llm.engine = tiny_engine(model, kind, **overrides)
     return llm
 
 
@@ -543,3 +543,141 @@ def test_stress_through_async_llm(model):
     assert mismatches == 0 and completed + aborted == 200
     assert aborted >= 20 and preemptions >= 20, "the run was meant to abort and preempt often"
     assert engine.pool.is_idle and not engine.requests
+
+
+# ----------------------------------------------------------------------------- found by a hostile-user probe
+def test_cancelling_a_refused_duplicate_leaves_the_original_alone(model):
+    llm = AsyncLLM(engine=tiny_engine(model))
+
+    async def scenario():
+        original = llm.submit([5, 6, 7], GREEDY, request_id="a")
+        llm.submit([40, 41], GREEDY, request_id="a").cancel()
+        return await original
+
+    assert asyncio.run(scenario()).token_ids == _reference(model, (5, 6, 7), 12)
+
+
+def test_a_retry_with_the_id_of_a_timed_out_request_is_served(model):
+    llm = AsyncLLM(engine=tiny_engine(model))
+    long = SamplingParams(temperature=0, max_new_tokens=40, ignore_eos=True)
+
+    async def scenario():
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(llm.submit([5, 6, 7], long, request_id="job"), timeout=0.01)
+        return await llm.submit([40, 41], GREEDY, request_id="job")
+
+    assert asyncio.run(scenario()).token_ids == _reference(model, (40, 41), 12)
+
+
+def test_ids_of_the_wrong_type_are_refused_at_the_call(model):
+    llm = AsyncLLM(engine=tiny_engine(model))
+
+    async def scenario():
+        good = llm.submit([5, 6, 7], GREEDY)
+        with pytest.raises(ValueError, match="request_id must be a str"):
+            llm.abort(["x"])
+        bad = llm.submit([5, 6], GREEDY, request_id=["x"])
+        bad.cancel()  # already refused: cancelling changes nothing
+        auto = [llm.submit([40, 41], GREEDY, request_id="async-1"), llm.submit([40, 41], GREEDY),
+                llm.submit([40, 41], GREEDY)]  # automatic ids step over "async-1"
+        return await good, await asyncio.gather(*auto)
+
+    good, auto = asyncio.run(scenario())
+    assert good.token_ids == _reference(model, (5, 6, 7), 12)
+    assert len({o.request_id for o in auto}) == 3 and all(o.finish_reason == "length" for o in auto)
+    assert not tiny_engine(model).abort(["x"])  # the engine: an unknown id of any type is just unknown
+
+
+def test_an_abandoned_event_loop_leaves_nothing_for_the_next(model):
+    """An event loop stopped or closed mid-generation (its tasks never cancelled): the next loop
+    reclaims what it left, no stale abort reaches a new request that reuses an id."""
+    engine = tiny_engine(model)
+    llm = AsyncLLM(engine=engine)
+    long = SamplingParams(temperature=0, max_new_tokens=50, ignore_eos=True)
+
+    async def leave_work_behind():
+        llm.submit([5, 6, 7], long, request_id="q")
+        llm.abort("q-not-yet")  # an abort still queued when the loop goes
+        while "q" not in engine.requests or not engine.requests["q"].output_token_ids:
+            await asyncio.sleep(0.001)
+
+    async def again():
+        return await llm.submit([5, 6, 7], GREEDY, request_id="q")
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(leave_work_behind())
+    loop.close()
+    assert asyncio.run(again()).token_ids == _reference(model, (5, 6, 7), 12)
+    assert not engine.requests
+
+
+def test_a_second_event_loop_in_another_thread_is_refused(model):
+    engine = tiny_engine(model)
+    llm = AsyncLLM(engine=engine)
+    long = SamplingParams(temperature=0, max_new_tokens=50, ignore_eos=True)
+    started, errors, outs = threading.Event(), [], []
+
+    def first_loop():
+        async def run():
+            future = llm.submit([5, 6, 7], long)
+            started.set()
+            outs.append(await future)
+        asyncio.run(run())
+
+    thread = threading.Thread(target=first_loop)
+    thread.start()
+    started.wait(timeout=60)
+
+    async def second():
+        try:
+            llm.submit([40, 41], GREEDY)
+        except RuntimeError as err:
+            errors.append(str(err))
+
+    asyncio.run(second())
+    thread.join(timeout=120)
+    assert errors and "another thread" in errors[0]
+    assert outs[0].token_ids == _reference(model, (5, 6, 7), 50)
+
+
+def test_llm_and_async_llm_on_one_engine_do_not_steal_each_others_requests(model):
+    llm = tiny_llm(model)
+    allm = AsyncLLM(engine=llm.engine)
+
+    async def scenario():
+        future = allm.submit([5, 6, 7], GREEDY)
+        while not llm.engine.requests:
+            await asyncio.sleep(0.001)
+        with llm.engine.lock:  # between two steps, for certain: the async request is in flight
+            assert llm.engine.has_unfinished()
+            with pytest.raises(RuntimeError, match="did not add"):
+                llm.generate([[40, 41]], GREEDY, use_tqdm=False)
+        return await future
+
+    assert asyncio.run(scenario()).token_ids == _reference(model, (5, 6, 7), 12)
+    assert llm.generate([[40, 41]], GREEDY, use_tqdm=False)[0].token_ids == _reference(model, (40, 41), 12)
+
+
+def test_an_interrupt_while_outputs_are_collected_leaves_nothing_behind(model, monkeypatch):
+    llm = tiny_llm(model)
+    output = llm.engine.output
+
+    def interrupted(request_id):  # the second output of the call is never collected
+        if request_id != min(llm.engine.requests):
+            raise KeyboardInterrupt
+        return output(request_id)
+
+    monkeypatch.setattr(llm.engine, "output", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate([list(p) for p in PROMPTS[:2]], GREEDY, use_tqdm=False)
+    assert not llm.engine.requests
+
+
+def test_odd_values_at_the_door(model):
+    llm = tiny_llm(model)
+    with pytest.raises(ValueError, match="prompts must be a str or a list"):
+        llm.generate(b"hi")
+    engine = tiny_engine(model)
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="arrival_time"):
+            engine.add_request([5, 6], GREEDY, arrival_time=bad)

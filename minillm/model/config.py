@@ -11,6 +11,9 @@ from typing import Any
 
 SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+ROPE_KEYS = {"default": (), "linear": ("factor",),  # the numbers each kind of RoPE scaling needs
+             "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+             "yarn": ("factor", "original_max_position_embeddings")}
 
 
 @dataclass(frozen=True)
@@ -42,8 +45,15 @@ class ModelConfig:
             raise ValueError(f"family must be one of {SUPPORTED_FAMILIES}, got {self.family!r}")
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
                      "num_kv_heads", "head_dim", "max_position_embeddings"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        for name in ("rms_norm_eps", "rope_theta"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value < float("inf"):
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
+        if any(not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in self.eos_token_ids):
+            raise ValueError(f"eos_token_ids must be token ids (integers >= 0), got {self.eos_token_ids!r}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
                              f"({self.num_kv_heads})")
@@ -52,6 +62,10 @@ class ModelConfig:
         rope_type = self.rope_scaling.get("rope_type", "default")
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise ValueError(f"rope_scaling.rope_type must be one of {SUPPORTED_ROPE_TYPES}, got {rope_type!r}")
+        for key in ROPE_KEYS[rope_type]:
+            value = self.rope_scaling.get(key)
+            if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value < float("inf"):
+                raise ValueError(f"{rope_type} RoPE scaling needs a positive number {key!r}, got {value!r}")
 
     @property
     def q_size(self) -> int:

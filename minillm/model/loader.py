@@ -68,10 +68,12 @@ def read_config(path: Path) -> ModelConfig:
     gen_path = path / "generation_config.json"
     if gen_path.is_file():
         gen_eos = _read_json(gen_path).get("eos_token_id")
-        eos = (gen_eos,) if isinstance(gen_eos, int) else tuple(gen_eos or ())
+        eos = (gen_eos,) if not isinstance(gen_eos, list | None) else tuple(gen_eos or ())
+        if any(not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in eos):
+            raise ValueError(f"{gen_path}: eos_token_id must be a token id or a list of them, got {gen_eos!r}")
     try:
         return ModelConfig.from_hf(hf, eos_token_ids=eos)
-    except (KeyError, TypeError, ValueError) as err:
+    except (KeyError, TypeError, ValueError, ArithmeticError) as err:
         raise ValueError(f"{path / 'config.json'} does not describe a supported model: "
                          f"{type(err).__name__}: {err}") from None
 
@@ -83,8 +85,8 @@ def resolve_device(device: torch.device | str | None) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(device)
-    except (RuntimeError, TypeError) as err:
-        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {str(device)!r} ({err})") from None
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {str(device)!r}") from None
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {str(device)!r}")
     if device.type == "cuda":
@@ -100,10 +102,13 @@ def _checkpoint_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.is_file():
         weight_map = _read_json(index).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise ValueError(f"{index} has no weight_map")
-        shards = sorted(set(weight_map.values()))
-        return [path / shard for shard in shards]
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+            raise ValueError(f"{index} has no weight_map of tensor names to file names")
+        files = [path / shard for shard in sorted(set(weight_map.values()))]
+        outside = [f for f in files if not f.resolve().is_relative_to(path.resolve())]
+        if outside:
+            raise ValueError(f"{index} points outside its folder: {outside[0]}")
+        return files
     single = path / "model.safetensors"
     if single.is_file():
         return [single]
@@ -180,10 +185,13 @@ def load_model(model: str | Path | None = None, dtype: torch.dtype | str | None 
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
         dtype = DTYPES[dtype]
     dtype = dtype or default_dtype(config, device)
-    with torch.device("meta"):
-        net = CausalLM(config)
-    net = net.to_empty(device=device).to(dtype)
-    net.rope.compute_tables()  # buffers made on the meta device hold no values yet
+    try:
+        with torch.device("meta"):
+            net = CausalLM(config)
+        net = net.to_empty(device=device).to(dtype)
+        net.rope.compute_tables()  # buffers made on the meta device hold no values yet
+    except (RuntimeError, MemoryError) as err:  # e.g. a context too long to hold the RoPE tables
+        raise ValueError(f"the model {path / 'config.json'} describes could not be built: {err}") from None
     load_weights(net, _checkpoint_files(path))
     return net.eval()
 
@@ -201,5 +209,10 @@ def load_tokenizer(model: str | Path | None = None):
 
 def load(model: str | Path | None = None, dtype: torch.dtype | str | None = None,
          device: torch.device | str | None = None):
-    """(model, tokenizer); with no argument, the course's shipped target model."""
-    return load_model(model, dtype, device), load_tokenizer(model)
+    """(model, tokenizer); with no argument, the course's shipped target model. Refuses a tokenizer
+    that knows far fewer tokens than the model has (its files are probably missing)."""
+    net, tokenizer = load_model(model, dtype, device), load_tokenizer(model)
+    if len(tokenizer) < net.config.vocab_size // 2:
+        raise ValueError(f"the tokenizer in {resolve_checkpoint(model)} knows {len(tokenizer)} tokens but the model "
+                         f"has {net.config.vocab_size}: is tokenizer.json missing?")
+    return net, tokenizer
