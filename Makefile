@@ -1,8 +1,9 @@
 # minillm — the course's two commands are `make lab` and `make test`.
 #
-#   make lab     set up .venv, register the "minillm" kernel, open JupyterLab on chapters/
+#   make lab     set up .venv with the course's "minillm" kernel, open JupyterLab on chapter 00
 #   make test    set up .venv if missing, run lint, unit tests, exercise graders and every notebook
 #   make demo    one generation in the terminal, with its TTFT / TPOT
+#   make grade   your score on the exercises (exercises/), per chapter
 #
 # Variables:
 #   LAB_ARGS     extra JupyterLab arguments; on a server without a browser:
@@ -16,21 +17,24 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 LAB_ARGS ?=
 STAMP := $(VENV)/.installed
-NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=600 --nbval-sanitize-with chapters/sanitize.cfg
+NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=600 --nbval-sanitize-with tests/nbval_sanitize.cfg
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)  # containers and cloud machines often run as root
 
-.PHONY: lab test unit notebooks lint demo clean
+.PHONY: lab test unit notebooks lint demo grade clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[course,dev]"
+	$(PY) -m ipykernel install --sys-prefix --name minillm --display-name "minillm (.venv)"
 	touch $(STAMP)
 
 lab: $(STAMP)
-	$(PY) -m ipykernel install --user --name minillm --display-name "minillm (.venv)"
-	@echo "Opening JupyterLab on chapters/ — the URL with its token is printed below."
-	$(VENV)/bin/jupyter lab --notebook-dir=chapters $(LAB_ARGS)
+	$(VENV)/bin/jupyter trust chapters/*.ipynb  # the course's saved widgets render before anything runs
+	@echo "Opening JupyterLab on chapters/00_setup.ipynb — the URL with its token is printed below."
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/chapters/00_setup.ipynb \
+		$(ALLOW_ROOT) $(LAB_ARGS)
 
 test: $(STAMP) lint
 	$(PY) -m pytest tests chapters $(NBVAL)
@@ -47,6 +51,9 @@ lint: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m minillm generate "What is 1+1? Answer:" --max-new-tokens 4 --temperature 0
 	$(PY) -m minillm generate "ROMEO:" --max-new-tokens 60 --temperature 0.8 --top-p 0.95 --seed 0 --stream
+
+grade: $(STAMP)
+	$(PY) -m exercises.grading
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,6 +1,6 @@
-"""Graded exercises. Each `chNN_topic.py` holds stubs to fill in; `check()` grades an implementation
-with the same graders CI runs (tests/exercises/graders.py)."""
+"""Graded exercises. Each `chNN_topic.py` holds stubs to fill in; `check("ch04.allocate")` grades
+yours with the same cases CI runs (exercises/grading/), `make grade` prints your score."""
 
-from tests.exercises.graders import check
+from exercises.grading import check
 
 __all__ = ["check"]

@@ -21,7 +21,8 @@ class BlockAllocator:
 
     def append(self, table: list[int], num_tokens: int) -> list[int]:
         """Grow block table `table` in place until it holds `num_tokens` tokens (block_size per
-        block); return the blocks added (often none)."""
+        block); return the blocks added (often none). A table never shrinks. If the pool cannot
+        supply the blocks, raise MemoryError and change nothing."""
         raise NotImplementedError("ch04.allocate: implement append")
 
     def incref(self, blocks: list[int]) -> None:
@@ -29,6 +30,7 @@ class BlockAllocator:
         raise NotImplementedError("ch04.allocate: implement incref")
 
     def free(self, blocks: list[int]) -> None:
-        """One holder fewer for each block; a block whose count reaches 0 goes to the back of the
-        free queue. Freeing a block whose count is already 0 raises ValueError (double free)."""
+        """One holder fewer for each block, in the order given; a block whose count reaches 0 goes
+        to the back of the free queue. Freeing a block whose count is already 0 raises ValueError
+        (double free)."""
         raise NotImplementedError("ch04.allocate: implement free")

@@ -1,5 +1,7 @@
 """Widget rendering is a pure function of the data: checked here without a browser."""
 
+import re
+
 import pytest
 
 from minillm.trace import SlotState, StepRecord, Trace
@@ -55,8 +57,23 @@ def test_decode_is_memory_bound_and_prefill_compute_bound_on_a_gpu():
         step_cost(llama, "verify", 1, 1, 1, h200)
 
 
-def test_quiz_hides_answers_behind_a_click():
-    html = render_quiz([Question("2+2?", ("3", "4"), 1, "Because.")])
-    assert "<details>" in html and "Because." in html and "<b>B.</b>" in html
-    with pytest.raises(ValueError, match="answer"):
-        Question("?", ("a",), 3, "")
+def test_every_option_is_a_lettered_click_that_answers_back():
+    html = render_quiz([Question("2+2?", ("3", "4", "5"), 1, "Because.", why_not=("One short.", None, None))])
+    options = re.findall(r"<details class='quiz-option' data-correct='(\w+)'><summary[^>]*>"
+                         r"<b>([A-H])\.</b> (\d)</summary><p[^>]*>(.*?)</p></details>", html)
+    assert [(c, letter, text) for c, letter, text, _ in options] == [("false", "A", "3"), ("true", "B", "4"),
+                                                                   ("false", "C", "5")]
+    verdicts = [v for *_, v in options]
+    assert "✓ Right." in verdicts[1] and "Because." in verdicts[1]
+    assert "✗ Not this one." in verdicts[0] and "One short." in verdicts[0] and "Try another" in verdicts[2]
+    assert "<script" not in html  # plain HTML: it works without a kernel or JavaScript
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(options=("a", "b"), answer=3), "answer must index"),
+    (dict(options=("a",), answer=0), "2 to 8 options"),
+    (dict(options=("a", "b"), answer=0, why_not=("x",)), "one entry per option"),
+])
+def test_malformed_questions_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Question("?", explanation="", **kwargs)

@@ -22,6 +22,10 @@ CHROMIUM = os.environ.get("MINILLM_CHROMIUM") or shutil.which("chromium") or shu
 CHAPTERS = [("chapters/03_continuous_batching.ipynb", "svg.slot-timeline"),
             ("chapters/04_paged_kv.ipynb", "svg.kv-memory")]
 
+REQUIRED = os.environ.get("MINILLM_REQUIRE_BROWSER") == "1"  # set by .ci/run: CI may not skip this test
+if CHROMIUM is None and REQUIRED:
+    raise RuntimeError("MINILLM_REQUIRE_BROWSER=1 but Chromium was not found (apt-get install chromium, "
+                       "or set MINILLM_CHROMIUM to its path)")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Chromium not found: the browser test was skipped "
                                  "(apt-get install chromium, or set MINILLM_CHROMIUM)")
 

@@ -1,40 +1,140 @@
-"""Every grader passes on `solutions/` and fails on the untouched `exercises/` stubs."""
+"""The graders are proven both ways: every case passes on `solutions/`, the untouched `exercises/`
+stubs are "not started", and every plausible wrong answer (wrong_answers.py) fails naming its rule."""
 
-import importlib
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 
-from tests.exercises.graders import EXERCISES, GRADERS, check, run
+from exercises.grading import EXERCISES, check, load, run
+from exercises.grading.ch01 import _cached_tiny_model
+from tests.exercises.wrong_answers import WRONG
+
+NAMES = sorted(EXERCISES)
 
 
-def implementation(package: str, name: str):
-    module, function = EXERCISES[name]
-    return getattr(importlib.import_module(f"{package}.{module}"), function)
-
-
-@pytest.mark.parametrize("name", sorted(GRADERS))
-def test_graders_pass_on_the_solution(name):
-    failures = [(case, msg) for case, ok, msg in run(name, implementation("solutions", name)) if not ok]
+@pytest.mark.parametrize("name", NAMES)
+def test_the_solution_passes_every_case(name):
+    failures = [r.line() for r in run(name, load(name, "solutions")) if not r.passed]
     assert not failures
 
 
-@pytest.mark.parametrize("name", sorted(GRADERS))
-def test_graders_fail_on_the_untouched_stub(name):
-    results = run(name, implementation("exercises", name))
-    assert results and not any(ok for _, ok, _ in results)
-    assert all("not implemented" in msg for _, _, msg in results)
+@pytest.mark.parametrize("name", NAMES)
+def test_the_untouched_stub_is_not_started(name, capsys):
+    results = run(name, load(name, "exercises"))
+    assert results and all(r.status == "not started" for r in results)
+    check(name)
+    assert capsys.readouterr().out == f"{name}: not started (the code still raises NotImplementedError)\n"
 
 
-def test_a_wrong_answer_fails_with_a_useful_message(capsys):
+@pytest.mark.parametrize("name", NAMES)
+def test_every_exercise_has_at_least_two_wrong_answers(name):
+    assert sum(exercise == name for exercise, _, _ in WRONG) >= 2
+
+
+@pytest.mark.parametrize(("name", "impl", "rule"), WRONG, ids=[f"{n}-{i.__name__}" for n, i, _ in WRONG])
+def test_a_wrong_answer_fails_naming_the_broken_rule(name, impl, rule):
+    failures = [r.line() for r in run(name, impl) if not r.passed]
+    assert failures, f"{impl.__name__} passes every case of {name}"
+    assert any(rule in line for line in failures), "\n".join(failures)
+    assert all(" expected " in line and ", got " in line for line in failures), "\n".join(failures)
+
+
+def test_check_prints_each_case_and_the_score(capsys):
     def keep_everything(logits, top_p):
         return logits
 
     check("ch01.top_p", keep_everything)
     out = capsys.readouterr().out
-    assert "FAIL" in out and "transformers keeps" in out and "well done" not in out
-    assert not all(ok for _, ok, _ in run("ch01.top_p", keep_everything))
+    assert "PASS  top p one keeps everything" in out
+    assert "FAIL  keeps the token that crosses the boundary: probabilities [0.05, 0.5, 0.15, 0.3]" in out
+    assert out.rstrip().endswith(f"ch01.top_p: 3/{len(EXERCISES['ch01.top_p'].cases)} passed")
+
+
+def test_a_crash_is_reported_with_the_input_the_expected_and_the_line(capsys):
+    def crashes(steps, num_slots):
+        return steps[0][0] / 0
+
+    check("ch02.slot_utilisation", crashes)
+    out = capsys.readouterr().out
+    assert ("FAIL  no steps is zero: slot_utilisation([], num_slots=4): expected 0.0000 (no steps at all), "
+            "got IndexError") in out
+    assert f"of {__file__})" in out
 
 
 def test_unknown_exercise_names_the_known_ones():
     with pytest.raises(KeyError, match="ch01.top_p"):
         run("ch99.nothing", print)
+
+
+def test_each_case_gets_its_own_model():
+    """A learner's code that spoils the model it is given cannot spoil the next case."""
+
+    def spoil_the_model(model, prompt_ids, max_new_tokens):
+        for p in model.parameters():
+            p.data.zero_()
+        return [0] * max_new_tokens
+
+    run("ch01.kv_decode", spoil_the_model)
+    assert all(p.abs().sum() > 0 for p in _cached_tiny_model().parameters())
+    assert not [r.line() for r in run("ch01.kv_decode", load("ch01.kv_decode", "solutions")) if not r.passed]
+
+
+# ----------------------------------------------------------------------------- check() re-reads the files
+
+
+@pytest.fixture
+def learner_package(tmp_path, monkeypatch):
+    """A package `learner_copy` (a stand-in for exercises/) and a writer for its slot_utilisation file."""
+    (tmp_path / "learner_copy").mkdir()
+    (tmp_path / "learner_copy" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield lambda body: (tmp_path / "learner_copy" / "ch02_slot_utilisation.py").write_text(textwrap.dedent(body))
+    for module in [m for m in sys.modules if m.startswith("learner_copy")]:
+        del sys.modules[module]
+
+
+WRONG_FILE = """
+    def slot_utilisation(steps, num_slots):
+        return 0.5
+"""
+RIGHT_FILE = (Path(__file__).parents[2] / "solutions" / "ch02_slot_utilisation.py").read_text()
+
+
+def test_check_without_an_implementation_rereads_the_file(learner_package, capsys):
+    learner_package(WRONG_FILE)
+    check("ch02.slot_utilisation", package="learner_copy")
+    assert "0/4 passed" in capsys.readouterr().out
+    learner_package(RIGHT_FILE)  # edited within the same second: no kernel restart, no stale bytecode
+    check("ch02.slot_utilisation", package="learner_copy")
+    assert "4/4 passed" in capsys.readouterr().out
+
+
+def test_check_rereads_a_stale_import_from_the_exercise_file(learner_package, capsys):
+    learner_package(WRONG_FILE)
+    from learner_copy.ch02_slot_utilisation import slot_utilisation  # imported before the fix
+
+    learner_package(RIGHT_FILE)
+    check("ch02.slot_utilisation", slot_utilisation, package="learner_copy")
+    assert "4/4 passed" in capsys.readouterr().out
+
+
+def test_a_function_from_the_notebook_is_graded_as_given(learner_package, capsys):
+    learner_package(WRONG_FILE)
+
+    def slot_utilisation(steps, num_slots):
+        return 0.5
+
+    slot_utilisation.__module__ = "__main__"
+    check("ch02.slot_utilisation", slot_utilisation, package="learner_copy")
+    assert "0/4 passed" in capsys.readouterr().out
+
+
+def test_a_file_that_does_not_import_is_reported(learner_package, capsys):
+    learner_package("def slot_utilisation(steps, num_slots)\n    return 0.0\n")
+    check("ch02.slot_utilisation", package="learner_copy")
+    out = capsys.readouterr().out
+    assert "FAIL  learner_copy/ch02_slot_utilisation.py does not import: expected no error, got SyntaxError" in out

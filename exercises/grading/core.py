@@ -1,0 +1,260 @@
+"""The grading machinery: a registry of exercises and their cases, `run`, `check` and the score.
+
+A case is a function that takes the implementation and raises `Failure` with a message that says
+what it gave, what it expected and what came back. The learner's code is called through `call`
+so that a crash is reported the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, NoReturn
+
+PACKAGE = "exercises"  # where the learner's implementations live
+_GRADING_DIR = str(Path(__file__).parent)
+_EXERCISES_DIR = str(Path(__file__).parents[1])
+_NOT_THEIRS = (str(Path(__file__).parents[2] / "minillm"), sys.prefix, sys.base_prefix)  # engine, libraries
+
+
+class Failure(Exception):
+    """A case's verdict on wrong behaviour (kept apart from AssertionErrors in the learner's code)."""
+
+    def __init__(self, given: str, expected: str, got: str):
+        super().__init__(f"{given}: expected {expected}, got {got}")
+        self.expected, self.got = expected, got
+
+
+@dataclass
+class Case:
+    title: str  # the rule the case checks, e.g. "allocate takes blocks from the front"
+    fn: Callable[[Any], None]
+
+
+@dataclass
+class Exercise:
+    name: str  # "ch04.allocate"
+    module: str  # its file in exercises/ and solutions/, e.g. "ch04_block_allocator"
+    attr: str  # the function or class the learner writes
+    cases: list[Case] = field(default_factory=list)
+
+    @property
+    def chapter(self) -> str:
+        return self.name.split(".")[0]
+
+    def case(self, fn: Callable[[Any], None]) -> Callable[[Any], None]:
+        """Decorator: register `fn` as a case; its name, with spaces, is the rule it checks."""
+        self.cases.append(Case(fn.__name__.replace("_", " "), fn))
+        return fn
+
+
+EXERCISES: dict[str, Exercise] = {}
+
+
+def exercise(name: str, module: str, attr: str) -> Exercise:
+    """Declare exercise `name`, implemented as `attr` in `exercises/<module>.py`."""
+    EXERCISES[name] = Exercise(name, module, attr)
+    return EXERCISES[name]
+
+
+# ----------------------------------------------------------------------------- helpers for cases
+
+
+def fail(given: str, expected: object, got: object) -> NoReturn:
+    raise Failure(given, str(expected), str(got))
+
+
+def expect(ok: bool, given: str, expected: object, got: object) -> None:
+    if not ok:
+        fail(given, expected, got)
+
+
+def call(given: str, expected: object, fn: Callable, *args: Any) -> Any:
+    """`fn(*args)`: the learner's code. A crash fails the case, naming the input and the expected."""
+    try:
+        return fn(*args)
+    except (NotImplementedError, Failure):
+        raise
+    except Exception as err:
+        fail(given, expected, crash(err))
+
+
+def expect_raises(error: type[Exception], given: str, fn: Callable, *args: Any) -> None:
+    """`fn(*args)` must raise `error`."""
+    try:
+        fn(*args)
+    except error:
+        return
+    except (NotImplementedError, Failure):
+        raise
+    except Exception as err:
+        fail(given, error.__name__, crash(err))
+    fail(given, error.__name__, "no error")
+
+
+def crash(err: BaseException) -> str:
+    """'ValueError: ... (line 12 of my_file.py)', at the deepest line that is the learner's."""
+    frames = traceback.extract_tb(err.__traceback__)
+    theirs = [f for f in frames if not f.filename.startswith(_GRADING_DIR)
+              and (f.filename.startswith(_EXERCISES_DIR) or not f.filename.startswith(_NOT_THEIRS))]
+    where = (theirs or frames)[-1] if frames else None
+    return f"{type(err).__name__}: {err}" + (f" (line {where.lineno} of {where.filename})" if where else "")
+
+
+# ----------------------------------------------------------------------------- running
+
+
+@dataclass
+class Result:
+    case: str
+    status: str  # "pass", "fail" or "not started" (the case met a NotImplementedError)
+    message: str = ""  # what was given, what was expected, what came back
+    expected: str = ""
+    got: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "pass"
+
+    def line(self) -> str:
+        return f"PASS  {self.case}" if self.passed else f"FAIL  {self.case}: {self.message}"
+
+
+def run(name: str, impl: Any) -> list[Result]:
+    """Every case of exercise `name` on `impl`, graded as given."""
+    results = []
+    for case in _exercise(name).cases:
+        try:
+            case.fn(impl)
+            results.append(Result(case.title, "pass"))
+        except NotImplementedError as err:
+            results.append(Result(case.title, "not started", f"not implemented yet (NotImplementedError: {err})"))
+        except Failure as err:
+            results.append(Result(case.title, "fail", str(err), err.expected, err.got))
+        except Exception as err:  # a step the case did not wrap in call(): still say what happened
+            results.append(Result(case.title, "fail", f"expected no error, got {crash(err)}"))
+    return results
+
+
+def not_started(results: list[Result]) -> bool:
+    return all(r.status == "not started" for r in results)
+
+
+def load(name: str, package: str = PACKAGE) -> Any:
+    """Exercise `name`'s function or class in `package`, re-read from its file now."""
+    ex = _exercise(name)
+    return getattr(_fresh_module(f"{package}.{ex.module}"), ex.attr)
+
+
+def check(name: str, impl: Any = None, *, package: str = PACKAGE) -> None:
+    """Grade exercise `name` and print PASS/FAIL per case.
+
+    Without `impl`, grades your function or class in exercises/, re-read from its file (an edit
+    counts on the next check, no kernel restart). An `impl` imported from exercises/ is re-read
+    too; one defined in the notebook is graded as given.
+    """
+    ex = _exercise(name)
+    try:
+        impl = load(name, package) if impl is None else _refresh(impl, package)
+    except Exception as err:  # the learner's file does not import
+        print(f"FAIL  {package}/{ex.module}.py does not import: expected no error, got {crash(err)}")
+        print(f"{name}: 0/{len(ex.cases)} passed")
+        return
+    results = run(name, impl)
+    if not_started(results):
+        print(f"{name}: not started (the code still raises NotImplementedError)")
+        return
+    for result in results:
+        print(result.line())
+    passed = sum(r.passed for r in results)
+    print(f"{name}: {passed}/{len(results)} passed" + (" — well done!" if passed == len(results) else ""))
+
+
+def _exercise(name: str) -> Exercise:
+    if name not in EXERCISES:
+        raise KeyError(f"unknown exercise {name!r}; known: {sorted(EXERCISES)}")
+    return EXERCISES[name]
+
+
+def _refresh(impl: Any, package: str) -> Any:
+    """`impl` itself, or, if it comes from one of `package`'s exercise files, the same name re-read."""
+    module = getattr(impl, "__module__", None)
+    if module not in {f"{package}.{ex.module}" for ex in EXERCISES.values()}:
+        return impl
+    fresh: Any = _fresh_module(module)
+    for part in impl.__qualname__.split("."):
+        fresh = getattr(fresh, part, None)
+    return impl if fresh is None else fresh
+
+
+def _fresh_module(name: str) -> ModuleType:
+    """importlib.reload from the source file (its .pyc goes first: an edit within the same second
+    as the last import would not be seen through it)."""
+    module = importlib.import_module(name)
+    if module.__spec__ is not None and module.__spec__.origin:
+        with contextlib.suppress(OSError, NotImplementedError, ValueError):
+            os.remove(importlib.util.cache_from_source(module.__spec__.origin))
+    return importlib.reload(module)
+
+
+# ----------------------------------------------------------------------------- the score
+
+
+@dataclass
+class Row:
+    exercise: str
+    passed: int
+    total: int
+    note: str  # the first failure (shortened), "not started", or "all passed"
+
+
+def score(package: str = PACKAGE) -> dict[str, list[Row]]:
+    """Each chapter's rows: every exercise of `package` graded from its file."""
+    chapters: dict[str, list[Row]] = {}
+    for ex in EXERCISES.values():
+        try:
+            results = run(ex.name, load(ex.name, package))
+        except Exception as err:
+            row = Row(ex.name, 0, len(ex.cases), _clip(f"{package}/{ex.module}.py does not import: {crash(err)}"))
+        else:
+            passed = sum(r.passed for r in results)
+            failed = next((r for r in results if not r.passed), None)
+            note = ("all passed" if failed is None else "not started" if not_started(results)
+                    else _note(failed))
+            row = Row(ex.name, passed, len(results), note)
+        chapters.setdefault(ex.chapter, []).append(row)
+    return chapters
+
+
+def format_score(chapters: dict[str, list[Row]]) -> str:
+    """One table per chapter: exercise, passed/total, the first failure."""
+    lines = []
+    width = max(len(r.exercise) for rows in chapters.values() for r in rows)
+    for chapter, rows in chapters.items():
+        lines += [f"Chapter {int(chapter[2:])}", f"  {'exercise':<{width}}  passed  first failure"]
+        lines += [f"  {r.exercise:<{width}}  {f'{r.passed}/{r.total}':>6}  {r.note}" for r in rows]
+        lines.append("")
+    done = sum(r.passed == r.total for rows in chapters.values() for r in rows)
+    lines.append(f"{done}/{sum(map(len, chapters.values()))} exercises complete")
+    return "\n".join(lines)
+
+
+def _note(failed: Result, width: int = 100) -> str:
+    """The first failure in `width` characters: the case, then (cut short) the expected and the got."""
+    note = _clip(f"{failed.case}: {failed.message}", 10**6)
+    if len(note) > width and failed.expected:
+        note = f"{failed.case}: expected {_clip(failed.expected, 35)}, got {_clip(failed.got, 25)}"
+    return _clip(note, width)
+
+
+def _clip(text: str, width: int = 100) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"

@@ -1,0 +1,438 @@
+"""Plausible wrong answers, each a small variant of the solution with one learner mistake (marked
+WRONG). The graders must reject every one with a FAIL line containing `rule`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from minillm.attention import ContiguousKVCache
+from solutions.ch04_block_allocator import BlockAllocator
+
+WRONG: list[tuple[str, Any, str]] = []  # (exercise, wrong implementation, substring of a FAIL line)
+
+
+def wrong(name: str, rule: str) -> Callable[[Any], Any]:
+    def register(impl: Any) -> Any:
+        WRONG.append((name, impl, rule))
+        return impl
+
+    return register
+
+
+# ----------------------------------------------------------------------------- ch01.top_p
+
+
+def _mask(logits: torch.Tensor, drop: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    return logits.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
+
+
+@wrong("ch01.top_p", "keeps the token that crosses the boundary")
+def top_p_drops_the_crossing_token(logits, top_p):
+    if top_p >= 1.0:
+        return logits
+    probs, order = logits.softmax(dim=-1).sort(dim=-1, descending=True)
+    drop = probs.cumsum(dim=-1) > top_p  # WRONG: the token whose probability crosses top_p goes too
+    drop[..., 0] = False
+    return _mask(logits, drop, order)
+
+
+@wrong("ch01.top_p", "hold at most 1 minus top p")
+def top_p_strictly_less(logits, top_p):
+    if top_p >= 1.0:
+        return logits
+    probs, order = logits.softmax(dim=-1).sort(dim=-1)
+    drop = probs.cumsum(dim=-1) < 1 - top_p  # WRONG: "at most" is <=
+    drop[..., -1] = False
+    return _mask(logits, drop, order)
+
+
+@wrong("ch01.top_p", "always keeps the most likely token")
+def top_p_may_drop_the_top_token(logits, top_p):
+    if top_p >= 1.0:
+        return logits
+    probs, order = logits.softmax(dim=-1).sort(dim=-1)
+    drop = probs.cumsum(dim=-1) <= 1 - top_p  # WRONG: nothing forces the most likely token to stay
+    return _mask(logits, drop, order)
+
+
+@wrong("ch01.top_p", "top p one keeps everything")
+def top_p_without_the_one_shortcut(logits, top_p):
+    probs, order = logits.softmax(dim=-1).sort(dim=-1)  # WRONG: at top_p=1.0, probability-0 tokens are dropped
+    drop = probs.cumsum(dim=-1) <= 1 - top_p
+    drop[..., -1] = False
+    return _mask(logits, drop, order)
+
+
+@wrong("ch01.top_p", "dropped logits are minus infinity")
+def top_p_fills_minus_a_billion(logits, top_p):
+    if top_p >= 1.0:
+        return logits
+    probs, order = logits.softmax(dim=-1).sort(dim=-1)
+    drop = probs.cumsum(dim=-1) <= 1 - top_p
+    drop[..., -1] = False
+    return logits.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), -1e9)  # WRONG: not -inf
+
+
+@wrong("ch01.top_p", "kept logits are unchanged")
+def top_p_renormalises(logits, top_p):
+    if top_p >= 1.0:
+        return logits
+    probs, order = logits.softmax(dim=-1).sort(dim=-1)
+    drop = probs.cumsum(dim=-1) <= 1 - top_p
+    drop[..., -1] = False
+    return _mask(logits, drop, order).log_softmax(dim=-1)  # WRONG: returns log-probabilities, not the logits
+
+
+@wrong("ch01.top_p", "to keep probabilities [0.5, 0.3]")
+def top_p_forgets_to_unsort(logits, top_p):
+    if top_p >= 1.0:
+        return logits
+    probs, _ = logits.softmax(dim=-1).sort(dim=-1)
+    drop = probs.cumsum(dim=-1) <= 1 - top_p
+    drop[..., -1] = False
+    return logits.masked_fill(drop, float("-inf"))  # WRONG: the mask is in sorted order, not vocab order
+
+
+@wrong("ch01.top_p", "filters each row of a batch on its own")
+def top_p_one_row_only(logits, top_p):
+    if top_p >= 1.0:
+        return logits
+    probs, order = logits.softmax(dim=0).sort(dim=0)  # WRONG: dim=0 is the batch for (batch, vocab)
+    drop = probs.cumsum(dim=0) <= 1 - top_p
+    drop[-1] = False
+    return logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+
+
+# ----------------------------------------------------------------------------- ch01.kv_decode
+
+
+def _decode(model, prompt_ids, max_new_tokens, *, first_row=-1, extra=0, stop_at_eos=False, relative=False,
+            fixed_start=False, batched=False, at_least_one=False, one_by_one=False, no_cache=False):
+    """The solution with one mistake switched on (see the wrong answers below)."""
+    cache = ContiguousKVCache.for_model(model.config, num_slots=1, max_len=len(prompt_ids) + max_new_tokens + 8,
+                                        dtype=model.dtype, device=model.device)
+    out: list[int] = []
+    feed, start = list(prompt_ids), 0
+    if one_by_one:  # feed the prompt a token at a time
+        for token in prompt_ids[:-1]:
+            model(torch.tensor([token]), torch.tensor([start]), cache.batch([0], [start], [1]))
+            start += 1
+        feed = prompt_ids[-1:]
+    with torch.inference_mode():
+        while len(out) < max_new_tokens + extra or (at_least_one and not out):
+            if no_cache:
+                feed, start = list(prompt_ids) + out, 0
+                cache = ContiguousKVCache.for_model(model.config, 1, len(feed), model.dtype, model.device)
+            ids = torch.tensor(feed)
+            positions = torch.arange(len(feed)) if relative else torch.arange(start, start + len(feed))
+            backend = cache.batch([0], [0 if fixed_start else start], [len(feed)])
+            hidden = model(ids[None] if batched else ids, positions, backend)
+            out.append(int(model.logits(hidden[first_row if not out else -1:][:1])[0].argmax()))
+            if stop_at_eos and out[-1] in model.config.eos_token_ids:
+                break
+            start += len(feed)
+            feed = [out[-1]]
+    return out
+
+
+@wrong("ch01.kv_decode", "returns exactly max new tokens: prompt [3, 1, 4, 1, 5], max_new_tokens=1")
+def decode_one_token_too_many(model, prompt_ids, max_new_tokens):
+    return _decode(model, prompt_ids, max_new_tokens, extra=1)  # WRONG: the prefill's token plus n more
+
+
+@wrong("ch01.kv_decode", "returns exactly max new tokens: prompt [3, 1, 4, 1, 5], max_new_tokens=0")
+def decode_always_returns_the_prefill_token(model, prompt_ids, max_new_tokens):
+    return _decode(model, prompt_ids, max_new_tokens, at_least_one=True)  # WRONG: max_new_tokens=0 gives 1 token
+
+
+@wrong("ch01.kv_decode", "prefills once then feeds one token per pass")
+def decode_without_the_cache(model, prompt_ids, max_new_tokens):
+    return _decode(model, prompt_ids, max_new_tokens, no_cache=True)  # WRONG: recomputes the whole sequence
+
+
+@wrong("ch01.kv_decode", "prefills once then feeds one token per pass")
+def decode_prefills_one_token_at_a_time(model, prompt_ids, max_new_tokens):
+    return _decode(model, prompt_ids, max_new_tokens, one_by_one=True)  # WRONG: the prefill is one pass
+
+
+@wrong("ch01.kv_decode", "each pass gets the positions of the tokens it feeds")
+def decode_positions_restart_at_zero(model, prompt_ids, max_new_tokens):
+    return _decode(model, prompt_ids, max_new_tokens, relative=True)  # WRONG: decode tokens all at position 0
+
+
+@wrong("ch01.kv_decode", "new token 0 is the argmax of the prefill's LAST position")
+def decode_first_token_from_the_first_position(model, prompt_ids, max_new_tokens):
+    return _decode(model, prompt_ids, max_new_tokens, first_row=0)  # WRONG: hidden[0] is the first prompt token
+
+
+@wrong("ch01.kv_decode", "the cache holding all before it")
+def decode_overwrites_the_cache_start(model, prompt_ids, max_new_tokens):
+    return _decode(model, prompt_ids, max_new_tokens, fixed_start=True)  # WRONG: every pass writes at slot start 0
+
+
+@wrong("ch01.kv_decode", "never stops early even at an end of sequence token")
+def decode_stops_at_eos(model, prompt_ids, max_new_tokens):
+    return _decode(model, prompt_ids, max_new_tokens, stop_at_eos=True)  # WRONG: the contract says never stop early
+
+
+@wrong("ch01.kv_decode", "input_ids as a 1-D tensor")
+def decode_with_a_batch_dimension(model, prompt_ids, max_new_tokens):
+    return _decode(model, prompt_ids, max_new_tokens, batched=True)  # WRONG: (1, n) tensors
+
+
+# ----------------------------------------------------------------------------- ch02.slot_utilisation
+
+
+@wrong("ch02.slot_utilisation", "counts the slots that ran at least one token")
+def utilisation_sums_tokens(steps, num_slots):
+    if not steps:
+        return 0.0
+    busy = sum(tokens for step in steps for tokens in step)  # WRONG: tokens, not busy slot-steps
+    return busy / (len(steps) * num_slots)
+
+
+@wrong("ch02.slot_utilisation", "counts the slots that ran at least one token")
+def utilisation_counts_idle_slots(steps, num_slots):
+    if not steps:
+        return 0.0
+    busy = sum(len(step) for step in steps)  # WRONG: a listed slot with 0 tokens was idle
+    return busy / (len(steps) * num_slots)
+
+
+@wrong("ch02.slot_utilisation", "slots missing from a step ran nothing")
+def utilisation_over_listed_slots(steps, num_slots):
+    if not steps:
+        return 0.0
+    busy = sum(1 for step in steps for tokens in step if tokens > 0)
+    return busy / sum(len(step) for step in steps)  # WRONG: slots missing from a list count too
+
+
+@wrong("ch02.slot_utilisation",
+       "no steps is zero: slot_utilisation([], num_slots=4): expected 0.0000 (no steps at all), got ZeroDivisionError")
+def utilisation_divides_by_zero(steps, num_slots):
+    busy = sum(1 for step in steps for tokens in step if tokens > 0)  # WRONG: no guard for an empty trace
+    return busy / (len(steps) * num_slots)
+
+
+# ----------------------------------------------------------------------------- ch03.schedule_step
+
+
+def _plan(running, waiting, free_slots, max_tokens_per_step, *, stop_running=False, admit_first=False,
+          overtake=False, ignore_slots=False, full_budget=False, strict=False, running_use_slots=False):
+    """The solution with one mistake switched on (see the wrong answers below)."""
+    budget = max_tokens_per_step
+    if running_use_slots:
+        free_slots -= len(running)
+    runs: list[tuple[str, int]] = []
+    for request_id, need in running:
+        if need <= budget:
+            runs.append((request_id, need))
+            budget -= need
+        elif stop_running:
+            break
+    admitted: list[str] = []
+    new: list[tuple[str, int]] = []
+    budget = max_tokens_per_step if full_budget else budget
+    for request_id, prompt_len in waiting:
+        if (free_slots <= 0 and not ignore_slots) or prompt_len > budget or (strict and prompt_len == budget):
+            if overtake:
+                continue
+            break
+        new.append((request_id, prompt_len))
+        admitted.append(request_id)
+        budget -= prompt_len
+        free_slots -= 1
+    return (new + runs if admit_first else runs + new), admitted
+
+
+@wrong("ch03.schedule_step", "a running request that does not fit waits and the others go on")
+def plan_stops_at_a_running_request_that_does_not_fit(*args):
+    return _plan(*args, stop_running=True)  # WRONG: break instead of skipping it
+
+
+@wrong("ch03.schedule_step", "running requests come first then newcomers")
+def plan_newcomers_first(*args):
+    return _plan(*args, admit_first=True)  # WRONG: the admitted are listed before the running
+
+
+@wrong("ch03.schedule_step", "nobody overtakes a waiting request that does not fit")
+def plan_lets_small_requests_overtake(*args):
+    return _plan(*args, overtake=True)  # WRONG: continue instead of break
+
+
+@wrong("ch03.schedule_step", "admits only while a slot is free")
+def plan_ignores_free_slots(*args):
+    return _plan(*args, ignore_slots=True)  # WRONG: admits without a slot
+
+
+@wrong("ch03.schedule_step", "admits only while the prompt fits what is left of the budget")
+def plan_admits_against_the_full_budget(*args):
+    return _plan(*args, full_budget=True)  # WRONG: forgets what the running requests took
+
+
+@wrong("ch03.schedule_step", "a prompt that exactly fills the budget is admitted")
+def plan_needs_room_to_spare(*args):
+    return _plan(*args, strict=True)  # WRONG: < instead of <=
+
+
+@wrong("ch03.schedule_step", "running requests need no free slot")
+def plan_counts_running_requests_against_free_slots(*args):
+    return _plan(*args, running_use_slots=True)  # WRONG: free_slots already excludes the running
+
+
+# ----------------------------------------------------------------------------- ch04.allocate
+
+
+@wrong("ch04.allocate", "allocate takes blocks from the front with ref count one")
+class AllocatesFromTheBack(BlockAllocator):
+    def allocate(self, num_blocks):
+        if num_blocks > len(self.free_queue):
+            raise MemoryError
+        blocks = [self.free_queue.pop() for _ in range(num_blocks)]  # WRONG: pop() takes the back
+        for block in blocks:
+            self.ref_counts[block] = 1
+        return blocks
+
+
+@wrong("ch04.allocate", "allocate that runs out raises memory error and takes nothing")
+class AllocatesUntilItRunsOut(BlockAllocator):
+    def allocate(self, num_blocks):
+        blocks = []
+        for _ in range(num_blocks):
+            if not self.free_queue:
+                raise MemoryError  # WRONG: the blocks taken so far are kept
+            blocks.append(self.free_queue.pop(0))
+            self.ref_counts[blocks[-1]] = 1
+        return blocks
+
+
+@wrong("ch04.allocate", "allocate can take the last free blocks")
+class AllocateNeedsASpareBlock(BlockAllocator):
+    def allocate(self, num_blocks):
+        if num_blocks >= len(self.free_queue):  # WRONG: off by one, > is right
+            raise MemoryError
+        return super().allocate(num_blocks)
+
+
+@wrong("ch04.allocate", "append adds a block only when the tokens cross a block boundary")
+class AppendRoundsUpTooFar(BlockAllocator):
+    def append(self, table, num_tokens):
+        needed = num_tokens // self.block_size + 1 - len(table)  # WRONG: one block too many at a boundary
+        new = self.allocate(needed) if needed > 0 else []
+        table.extend(new)
+        return new
+
+
+@wrong("ch04.allocate", "append grows the table in place")
+class AppendReturnsWithoutGrowing(BlockAllocator):
+    def append(self, table, num_tokens):
+        needed = -(-num_tokens // self.block_size) - len(table)
+        return self.allocate(needed) if needed > 0 else []  # WRONG: the table itself is not extended
+
+
+@wrong("ch04.allocate", "append never shrinks a table")
+class AppendWithNegativeNeed(BlockAllocator):
+    def append(self, table, num_tokens):
+        new = self.allocate(-(-num_tokens // self.block_size) - len(table))  # WRONG: a negative need takes blocks
+        table.extend(new)
+        return new
+
+
+@wrong("ch04.allocate", "append that runs out raises memory error and changes nothing")
+class AppendsBlockByBlock(BlockAllocator):
+    def append(self, table, num_tokens):
+        new = []
+        while len(table) * self.block_size < num_tokens:
+            table.extend(self.allocate(1))  # WRONG: runs out halfway with the table already grown
+            new.append(table[-1])
+        return new
+
+
+@wrong("ch04.allocate", "free returns blocks to the back of the queue in order")
+class FreesToTheFront(BlockAllocator):
+    def free(self, blocks):
+        for block in blocks:
+            if self.ref_counts[block] == 0:
+                raise ValueError(f"double free of block {block}")
+            self.ref_counts[block] -= 1
+            if self.ref_counts[block] == 0:
+                self.free_queue.insert(0, block)  # WRONG: the back, not the front
+
+
+@wrong("ch04.allocate", "in the order given")
+class FreesInReverse(BlockAllocator):
+    def free(self, blocks):
+        super().free(list(reversed(blocks)))  # WRONG: vLLM frees tails first, but the contract says in order
+
+
+@wrong("ch04.allocate", "a shared block returns only when its last holder frees it")
+class FreeIgnoresSharing(BlockAllocator):
+    def free(self, blocks):
+        for block in blocks:
+            if self.ref_counts[block] == 0:
+                raise ValueError(f"double free of block {block}")
+            self.ref_counts[block] = 0  # WRONG: other holders still use it
+            self.free_queue.append(block)
+
+
+@wrong("ch04.allocate", "freeing a free block raises value error")
+class FreeWithoutTheDoubleFreeCheck(BlockAllocator):
+    def free(self, blocks):
+        for block in blocks:
+            self.ref_counts[block] -= 1  # WRONG: a free block's count goes to -1, silently
+            if self.ref_counts[block] == 0:
+                self.free_queue.append(block)
+
+
+@wrong("ch04.allocate", "incref of a free block raises value error")
+class IncrefWithoutTheCheck(BlockAllocator):
+    def incref(self, blocks):
+        for block in blocks:
+            self.ref_counts[block] += 1  # WRONG: a free block gains a holder while in the free queue
+
+
+# ----------------------------------------------------------------------------- ch04.slot_mapping
+
+
+def _slots(block_table, block_size, start, end, *, scale=True, inclusive=False, relative=False, bound=0):
+    """The solution with one mistake switched on (see the wrong answers below)."""
+    if bound is not None and end + bound > len(block_table) * block_size:
+        raise ValueError("beyond the table")
+    base = start if relative else 0
+    return [block_table[(t - base) // block_size] * (block_size if scale else 1) + (t - base) % block_size
+            for t in range(start, end + inclusive)]
+
+
+@wrong("ch04.slot_mapping", "maps each token through the block table")
+def slots_forget_the_block_size(block_table, block_size, start, end):
+    return _slots(block_table, block_size, start, end, scale=False)  # WRONG: block + offset, not block * size + offset
+
+
+@wrong("ch04.slot_mapping", "an empty range maps to no slots")
+def slots_include_the_end(block_table, block_size, start, end):
+    return _slots(block_table, block_size, start, end, inclusive=True)  # WRONG: [start, end] instead of [start, end)
+
+
+@wrong("ch04.slot_mapping", "a window starts anywhere in the table")
+def slots_count_from_the_window_start(block_table, block_size, start, end):
+    return _slots(block_table, block_size, start, end, relative=True)  # WRONG: token t is t, not t - start
+
+
+@wrong("ch04.slot_mapping", "positions past the table raise value error")
+def slots_without_the_bound_check(block_table, block_size, start, end):
+    return _slots(block_table, block_size, start, end, bound=None)  # WRONG: an IndexError escapes instead
+
+
+@wrong("ch04.slot_mapping", "a range that exactly fills the table is fine")
+def slots_bound_off_by_one(block_table, block_size, start, end):
+    return _slots(block_table, block_size, start, end, bound=1)  # WRONG: rejects a range ending at the last slot
+
+
+@wrong("ch04.slot_mapping", "maps each token through the block table")
+def slots_ignore_the_table(block_table, block_size, start, end):
+    if end > len(block_table) * block_size:
+        raise ValueError("beyond the table")
+    return list(range(start, end))  # WRONG: a token's slot is not its position
