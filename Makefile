@@ -4,6 +4,7 @@
 #   make test    set up .venv if missing, run lint, unit tests, exercise graders and every notebook
 #   make demo    one generation in the terminal, with its TTFT / TPOT
 #   make grade   your score on the exercises (exercises/), per chapter
+#   make execute re-run the chapters in place, saving outputs and widget state (NB=one notebook)
 #
 # Variables:
 #   LAB_ARGS     extra JupyterLab arguments; on a server without a browser:
@@ -20,7 +21,9 @@ STAMP := $(VENV)/.installed
 NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=600 --nbval-sanitize-with tests/nbval_sanitize.cfg
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)  # containers and cloud machines often run as root
 
-.PHONY: lab test unit notebooks lint demo grade clean
+NB ?= chapters/*.ipynb
+
+.PHONY: lab test unit notebooks lint demo grade execute clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,6 +44,10 @@ test: $(STAMP) lint
 
 unit: $(STAMP)
 	$(PY) -m pytest tests
+
+execute: $(STAMP)
+	$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.timeout=600 \
+		--ExecutePreprocessor.kernel_name=minillm --ExecutePreprocessor.store_widget_state=True $(NB)
 
 notebooks: $(STAMP)
 	$(PY) -m pytest chapters $(NBVAL)

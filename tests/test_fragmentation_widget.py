@@ -1,5 +1,7 @@
 """The fragmentation visualizer replays a trace under three policies; exact numbers on a hand-made trace."""
 
+import dataclasses
+
 import pytest
 
 from minillm.trace import StepRecord, Trace
@@ -53,7 +55,11 @@ def test_frames_render_and_the_widget_animates():
     assert svg.startswith("<svg") and 'class="kv-memory"' in svg and 'data-step="1"' in svg
     assert "no room for 1 running request" in svg and "yes ✓" in svg and "no ✗" in svg
     widget = FragmentationVisualizer(trace, probe=8)
-    assert len(widget.stack.children) == 2 and widget.play.max == 1
+    assert len(widget.stacks[0].children) == 2 and widget.play.max == 1
+    assert widget.slider.options == ("step 0 / 1", "step 1 / 1")  # the slider names the engine step
+    bundle = widget._repr_mimebundle_()
+    assert 'class="kv-memory"' in bundle["text/html"]  # a still where widgets cannot render
+    assert "application/vnd.jupyter.widget-view+json" in bundle
 
 
 def test_replay_needs_a_paged_trace():
@@ -73,5 +79,13 @@ def test_a_paged_trace_round_trips_through_plain_data():
 
 
 def test_an_empty_trace_is_refused_with_a_reason():
-    with pytest.raises(ValueError, match="no steps"):
+    with pytest.raises(ValueError, match="holds no KV"):
         FragmentationVisualizer(Trace(num_slots=2, max_model_len=16, block_size=4, num_blocks=8))
+
+
+def test_the_animation_skips_steps_where_nothing_is_held():
+    trace = hand_trace()
+    done = dataclasses.replace(trace.steps[-1], step=len(trace.steps), kv_tokens={}, blocks={})
+    widget = FragmentationVisualizer(Trace(trace.num_slots, [*trace.steps, done], trace.max_model_len,
+                                           trace.block_size, trace.num_blocks))
+    assert widget.frame_steps == [0, 1], "the last frame must not be three empty panels"

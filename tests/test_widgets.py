@@ -77,3 +77,13 @@ def test_every_option_is_a_lettered_click_that_answers_back():
 def test_malformed_questions_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         Question("?", explanation="", **kwargs)
+
+
+def test_slot_timeline_names_the_step_and_carries_a_still():
+    from widgets.slot_timeline import SlotTimeline
+
+    widget = SlotTimeline({"static": tiny_trace()})
+    steps = len(tiny_trace().steps)
+    assert widget.slider.options[-1] == f"step {steps} / {steps}"  # the slider says what the panel says
+    bundle = widget._repr_mimebundle_()
+    assert 'class="slot-timeline"' in bundle["text/html"] and f'data-step="{steps - 1}"' in bundle["text/html"]

@@ -8,8 +8,8 @@
 The trace (`minillm/trace.py`, from an engine with `kv="paged"`) says, step by step, which
 requests hold KV and how many tokens each; the paged panel shows the engine's real block tables.
 `replay(trace, policy)` is pure and returns one `MemoryFrame` per step; `render_frame(...)` draws
-the three panels as one SVG string; `FragmentationVisualizer` animates them (Play + slider linked
-in the browser, like the slot timeline).
+the three panels as one SVG string; `FragmentationVisualizer` animates them (`widgets/animation.py`,
+like the slot timeline).
 
 Internal fragmentation is memory allocated to a request but not holding its tokens; external
 fragmentation is free memory that no single request can use because it is split into holes
@@ -22,9 +22,8 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 
-import ipywidgets as W
-
 from minillm.trace import Trace
+from widgets.animation import Animation
 from widgets.slot_timeline import frame_steps, request_colour
 
 POLICIES = ("reserve", "first-fit", "paged")
@@ -188,6 +187,19 @@ def _panel(frame: MemoryFrame, x0: int, probe: int | None) -> list[str]:
     return parts
 
 
+def _legend(width: int) -> list[str]:
+    """Swatches, top right: what the shades of a request's colour mean."""
+    items = [("#4477aa", 1.0, "live token (K/V held)"), ("#4477aa", 0.25, "allocated, not holding a token"),
+             ("#ffffff", 1.0, "free")]
+    parts, x = [], width - 470
+    for fill, opacity, label in items:
+        parts.append(f'<rect x="{x}" y="3" width="11" height="11" fill="{fill}" fill-opacity="{opacity}" '
+                     'stroke="#999"/>')
+        parts.append(f'<text x="{x + 15}" y="12" fill="#555">{label}</text>')
+        x += 20 + 6 * len(label)
+    return parts
+
+
 def render_frame(frames: dict[str, MemoryFrame], probe: int | None = None, title: str = "") -> str:
     """The policies' memory at one step, side by side, as an SVG string."""
     first = next(iter(frames.values()))
@@ -197,27 +209,26 @@ def render_frame(frames: dict[str, MemoryFrame], probe: int | None = None, title
     height = TOP + rows * CELL_H + 16 + 15 * 4 + 8
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="kv-memory" width="{width}" height="{height + 16}" '
              f'data-step="{first.step}" font-family="sans-serif" font-size="11">',
-             f'<text x="0" y="12" fill="#555">{html.escape(title)} step {first.step} · each square is one token; '
-             f'pale: allocated but empty</text>']
+             f'<text x="0" y="12" fill="#555">{html.escape(title + " · " if title else "")}step {first.step} · '
+             'each square is one token · one colour per request</text>', *_legend(width)]
     for i, frame in enumerate(frames.values()):
         parts += _panel(frame, i * (panel_w + PANEL_GAP), probe)
     parts.append("</svg>")
     return "".join(parts)
 
 
-class FragmentationVisualizer(W.VBox):
-    """The three policies replayed on one paged-engine trace, animated; `probe` is the size of the
-    request D whose fit each panel reports."""
+class FragmentationVisualizer(Animation):
+    """The three policies replayed on one paged-engine trace, animated over the steps where some
+    request holds KV; `probe` is the size of the request D whose fit each panel reports. The still
+    picture (where widgets cannot render) is the step where the most KV was live."""
 
     def __init__(self, trace: Trace, probe: int | None = None, max_frames: int = 60, interval_ms: int = 200):
-        if not trace.steps:
-            raise ValueError("the trace has no steps: run some requests through the engine first")
+        busy = [i for i, step in enumerate(trace.steps) if step.kv_tokens]
+        if not busy:
+            raise ValueError("the trace holds no KV at any step: run some requests through the engine first")
         self.frames = {policy: replay(trace, policy) for policy in POLICIES}
-        self.frame_steps = frame_steps(len(trace.steps), max_frames)
-        pages = [W.HTML(render_frame({p: f[s] for p, f in self.frames.items()}, probe)) for s in self.frame_steps]
-        self.stack = W.Stack(pages, selected_index=0)
-        self.play = W.Play(value=0, min=0, max=len(pages) - 1, step=1, interval=interval_ms, description="play")
-        self.slider = W.IntSlider(value=0, min=0, max=len(pages) - 1, description="frame")
-        W.jslink((self.play, "value"), (self.slider, "value"))
-        W.jslink((self.play, "value"), (self.stack, "selected_index"))
-        super().__init__([W.HBox([self.play, self.slider]), self.stack])
+        self.frame_steps = [busy[i] for i in frame_steps(len(busy), max_frames)]
+        pages = [render_frame({p: f[s] for p, f in self.frames.items()}, probe) for s in self.frame_steps]
+        peak = max(range(len(self.frame_steps)), key=lambda i: self.frames["paged"][self.frame_steps[i]].live)
+        super().__init__([pages], [f"step {s} / {len(trace.steps) - 1}" for s in self.frame_steps], still=peak,
+                         interval_ms=interval_ms)

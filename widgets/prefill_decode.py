@@ -9,9 +9,12 @@ HTML; `PrefillDecodeWidget` wires both to a toggle and sliders in the notebook.
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass
 
 import ipywidgets as W
+
+from widgets.animation import StillFallback
 
 
 @dataclass(frozen=True)
@@ -120,7 +123,7 @@ def render_step_cost(cost: dict) -> str:
     )
 
 
-class PrefillDecodeWidget(W.VBox):
+class PrefillDecodeWidget(StillFallback, W.VBox):
     """Toggle prefill/decode, move the sliders, watch the bound change."""
 
     def __init__(self, models: dict[str, ModelShape], hardware: dict[str, Hardware] = HARDWARE):
@@ -142,3 +145,8 @@ class PrefillDecodeWidget(W.VBox):
         cost = step_cost(self.models[self.model.value], self.phase.value, self.batch.value,
                          self.prompt_len.value, self.context_len.value, self.hardware[self.hw.value])
         self.out.value = render_step_cost(cost)
+
+    def still_html(self) -> str:
+        settings = (f"{self.phase.value}, {self.model.value} on {self.hw.value}, batch {self.batch.value}, "
+                    f"prompt {self.prompt_len.value}, context {self.context_len.value}")
+        return f"<p><b>{html.escape(settings)}</b></p>{self.out.value}"

@@ -7,8 +7,8 @@ real engine trace (`minillm/trace.py`).
             step 0 ─────────────────► step N
 
 `render_frame(trace, step)` is a pure function returning an SVG string. The widget precomputes
-the frames and links Play and a slider to them in the browser (`jslink`), so the animation plays
-even in a notebook opened without a running kernel.
+the frames and plays them with `widgets/animation.py` (Play and a step slider linked in the
+browser), so the animation plays even in a notebook opened without a running kernel.
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ import colorsys
 import hashlib
 import html
 
-import ipywidgets as W
-
 from minillm.trace import Trace
+from widgets.animation import Animation
 
 CELL_W, CELL_H, LEFT, TOP = 6, 22, 56, 26
 IDLE, FREE = "#d9d9d9", "#ffffff"
@@ -96,22 +95,12 @@ def frame_steps(num_steps: int, max_frames: int) -> list[int]:
     return picks
 
 
-class SlotTimeline(W.VBox):
+class SlotTimeline(Animation):
     """Animated slot timelines for one or more traces on a shared time axis (e.g. static vs
-    continuous batching of the same requests)."""
+    continuous batching of the same requests); the slider names the engine step shown."""
 
     def __init__(self, traces: dict[str, Trace], max_frames: int = 80, interval_ms: int = 120):
         total = max(len(t.steps) for t in traces.values())
         self.frame_steps = frame_steps(total, max_frames)
-        self.stacks = []
-        for name, trace in traces.items():
-            frames = [W.HTML(render_frame(trace, s, name, total)) for s in self.frame_steps]
-            self.stacks.append(W.Stack(frames, selected_index=0))
-        self.play = W.Play(value=0, min=0, max=len(self.frame_steps) - 1, step=1, interval=interval_ms,
-                           description="play")
-        self.slider = W.IntSlider(value=0, min=0, max=len(self.frame_steps) - 1, description="frame",
-                                  readout=True)
-        W.jslink((self.play, "value"), (self.slider, "value"))
-        for stack in self.stacks:
-            W.jslink((self.play, "value"), (stack, "selected_index"))
-        super().__init__([W.HBox([self.play, self.slider]), *self.stacks])
+        panels = [[render_frame(trace, s, name, total) for s in self.frame_steps] for name, trace in traces.items()]
+        super().__init__(panels, [f"step {s + 1} / {total}" for s in self.frame_steps], interval_ms=interval_ms)
