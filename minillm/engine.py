@@ -235,11 +235,10 @@ class LLMEngine:
         try:
             return self.runner.execute(output)
         except Exception as err:
-            chunks = [c for c in output.chunks if not c.is_padding]
-            if len(chunks) <= 1:
-                return StepResult(failed={c.request_id: err for c in chunks})
+            if len(output.chunks) == 1:  # alone already: it is this request's
+                return StepResult(failed={c.request_id: err for c in output.chunks if not c.is_padding})
         result = StepResult()
-        for chunk in chunks:
+        for chunk in (c for c in output.chunks if not c.is_padding):  # a padding row needs no result
             new = tuple(r for r in output.new_requests if r.request_id == chunk.request_id)
             try:
                 alone = self.runner.execute(SchedulerOutput((chunk,), new, ()))

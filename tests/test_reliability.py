@@ -17,6 +17,8 @@ import sys
 import threading
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import minillm.runner
 from minillm import LLM, AsyncLLM, EngineConfig, SamplingParams
@@ -25,7 +27,7 @@ from minillm.engine import LLMEngine
 from minillm.generate import generate_with_cache
 from minillm.trace import Trace
 from tests.hf_reference import ByteTokenizer
-from tests.test_engine import _reference, paged_budget
+from tests.test_engine import _reference, paged_budget, requests_strategy
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=12, ignore_eos=True)
 CONFIGS = {
@@ -681,3 +683,46 @@ def test_odd_values_at_the_door(model):
     for bad in (float("nan"), float("inf")):
         with pytest.raises(ValueError, match="arrival_time"):
             engine.add_request([5, 6], GREEDY, arrival_time=bad)
+
+
+# ----------------------------------------------------------------------------- random workloads with faults
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(arrivals=requests_strategy, kind=st.sampled_from(sorted(CONFIGS)),
+       events=st.lists(st.tuples(st.integers(0, 25), st.sampled_from(["abort", "poison"]), st.integers(0, 7)),
+                       max_size=4))
+def test_random_aborts_and_poisoned_requests_never_change_anyone_elses_tokens(model, arrivals, kind, events):
+    """Hypothesis-generated arrivals, with requests aborted or poisoned (every forward pass that
+    holds them raises) at random steps: each such request ends alone, every other one keeps the
+    naive loop's tokens, and nothing is held afterwards (tests/conftest.py)."""
+    engine = tiny_engine(model, kind)
+    poisoned: set[str] = set()
+
+    def fault(step, output):
+        if any(c.request_id in poisoned for c in output.chunks):
+            raise RuntimeError("poisoned")
+
+    inject(engine, fault)
+    ids, pending, step = [], list(arrivals), 0
+    while pending or engine.has_unfinished():
+        while pending and pending[0][0] <= 0:  # arrivals due now
+            _, prompt, n = pending.pop(0)
+            params = SamplingParams(temperature=0, max_new_tokens=n, ignore_eos=True)
+            ids.append((engine.add_request(prompt, params).request_id, tuple(prompt), n))
+        for at, what, index in events:
+            if at == step and index < len(ids):
+                if what == "abort":
+                    engine.abort(ids[index][0])
+                else:
+                    poisoned.add(ids[index][0])
+        if engine.has_unfinished():
+            engine.step()
+        if pending:
+            pending[0] = (pending[0][0] - 1, *pending[0][1:])
+        step += 1
+    hit = {ids[i][0] for at, _, i in events if i < len(ids)}
+    for request_id, prompt, n in ids:
+        out, reference = engine.output(request_id), _reference(model, prompt, n)
+        if request_id in hit and out.finish_reason in ("abort", "error"):
+            assert out.token_ids == reference[: len(out.token_ids)]
+        else:
+            assert out.token_ids == reference and out.finish_reason == "length", request_id
