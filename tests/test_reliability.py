@@ -686,7 +686,7 @@ def test_odd_values_at_the_door(model):
 
 
 # ----------------------------------------------------------------------------- random workloads with faults
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(arrivals=requests_strategy, kind=st.sampled_from(sorted(CONFIGS)),
        events=st.lists(st.tuples(st.integers(0, 25), st.sampled_from(["abort", "poison"]), st.integers(0, 7)),
                        max_size=4))
