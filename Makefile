@@ -12,6 +12,7 @@
 #   TORCH_SPEC   which torch to install (default: the CPU build CI uses; with an NVIDIA GPU:
 #                make lab TORCH_SPEC="torch>=2.4")
 
+MAKEFLAGS += --no-print-directory  # `make grade` in JupyterLab's terminal runs inside `make lab`
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -25,12 +26,14 @@ NB ?= chapters/*.ipynb
 
 .PHONY: lab test unit notebooks lint demo grade execute clean
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile scripts/jupyterlab_overrides.json
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[course,dev]"
+	PYTHONWARNINGS=ignore $(PY) -m pip install -q -e ".[course,dev]"  # quiet: setuptools warns about editable installs
 	$(PY) -m ipykernel install --sys-prefix --name minillm --display-name "minillm (.venv)"
+	mkdir -p $(VENV)/share/jupyter/lab/settings
+	cp scripts/jupyterlab_overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
 	touch $(STAMP)
 
 lab: $(STAMP)

@@ -84,6 +84,6 @@ def test_slot_timeline_names_the_step_and_carries_a_still():
 
     widget = SlotTimeline({"static": tiny_trace()})
     steps = len(tiny_trace().steps)
-    assert widget.slider.options[-1] == f"step {steps} / {steps}"  # the slider says what the panel says
+    assert widget.slider.options[-1] == f"step {steps - 1} / {steps - 1}"  # the slider says what the panel says
     bundle = widget._repr_mimebundle_()
     assert 'class="slot-timeline"' in bundle["text/html"] and f'data-step="{steps - 1}"' in bundle["text/html"]

@@ -175,7 +175,7 @@ def _panel(frame: MemoryFrame, x0: int, probe: int | None) -> list[str]:
             parts.append(f'<line x1="{x0 + col * CELL_W}" y1="{TOP}" x2="{x0 + col * CELL_W}" y2="{TOP + height}" '
                          f'stroke="#fff" stroke-width="1"/>')
     y = TOP + height + 16
-    lines = [f"{frame.num_requests} requests · live {frame.live} / allocated {frame.allocated} of {frame.capacity}",
+    lines = [f"{frame.num_requests} request{'' if frame.num_requests == 1 else 's'} · live {frame.live} / allocated {frame.allocated} of {frame.capacity}",
              f"internal fragmentation {frame.internal_fragmentation:.0%} · external {frame.external_fragmentation:.0%}"]
     if frame.unplaced:
         lines.append(f"no room for {len(frame.unplaced)} running request(s)")
@@ -230,5 +230,6 @@ class FragmentationVisualizer(Animation):
         self.frame_steps = [busy[i] for i in frame_steps(len(busy), max_frames)]
         pages = [render_frame({p: f[s] for p, f in self.frames.items()}, probe) for s in self.frame_steps]
         peak = max(range(len(self.frame_steps)), key=lambda i: self.frames["paged"][self.frame_steps[i]].live)
-        super().__init__([pages], [f"step {s} / {len(trace.steps) - 1}" for s in self.frame_steps], still=peak,
+        last = len(trace.steps) - 1  # step numbers start at 0, as in the trace
+        super().__init__([pages], [f"step {s} / {last}" for s in self.frame_steps], still=peak,
                          interval_ms=interval_ms)

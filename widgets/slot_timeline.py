@@ -58,7 +58,7 @@ def render_frame(trace: Trace, step: int, title: str = "", total_steps: int | No
     busy = sum(s.busy_slots for s in shown)
     util = busy / (len(shown) * trace.num_slots) if shown else 0.0
     parts.append(f'<text x="0" y="14" font-weight="bold">{html.escape(title)}</text>'
-                 f'<text x="{width - 10}" y="14" text-anchor="end">step {step + 1}/{len(trace.steps)} · '
+                 f'<text x="{width - 10}" y="14" text-anchor="end">step {step} / {len(trace.steps) - 1} · '
                  f'slot utilisation {util:.0%}</text>')
     for slot in range(trace.num_slots):
         y = TOP + slot * CELL_H
@@ -103,4 +103,5 @@ class SlotTimeline(Animation):
         total = max(len(t.steps) for t in traces.values())
         self.frame_steps = frame_steps(total, max_frames)
         panels = [[render_frame(trace, s, name, total) for s in self.frame_steps] for name, trace in traces.items()]
-        super().__init__(panels, [f"step {s + 1} / {total}" for s in self.frame_steps], interval_ms=interval_ms)
+        # step numbers start at 0, as in the trace and the chapters' tables
+        super().__init__(panels, [f"step {s} / {total - 1}" for s in self.frame_steps], interval_ms=interval_ms)

@@ -48,6 +48,7 @@ def keeps_the_token_that_crosses_the_boundary(impl: Callable) -> None:
 
 @top_p.case
 def drops_tokens_that_with_all_less_likely_hold_at_most_1_minus_top_p(impl: Callable) -> None:
+    """drops a token when it and every less likely token sum to at most 1 - top_p"""
     # exact in float32: 0.125 + 0.125 = 0.25 = 1 - 0.75, so both 0.125s go ("at most", not "less than")
     _small_case(impl, [0.125, 0.5, 0.125, 0.25], 0.75, [False, True, False, True])
 
@@ -232,8 +233,9 @@ def never_stops_early_even_at_an_end_of_sequence_token(impl: Callable) -> None:
     want = _naive(tuple(prompt), 8)
     model.config = dataclasses.replace(model.config, eos_token_ids=(want[2],))
     got = _decode(impl, _Recorder(model), prompt, 8, f"{want}")
-    expect(got == want, f"prompt {prompt}, max_new_tokens=8, model.config.eos_token_ids=({want[2]},)",
-           f"all 8 tokens {want}", got)
+    expect(len(got) == 8, f"prompt {prompt}, max_new_tokens=8, model.config.eos_token_ids=({want[2]},) "
+           f"(the 3rd token the model produces)", "8 tokens: no stop at the end-of-sequence token",
+           f"{len(got)} tokens: {got}")
 
 
 @kv_decode.case

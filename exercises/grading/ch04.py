@@ -180,7 +180,7 @@ def _map(fn: Any, table: list[int], block_size: int, start: int, end: int, want:
 @slot_mapping.case
 def maps_each_token_through_the_block_table(fn: Callable) -> None:
     _map(fn, [7, 2, 9], 4, 0, 10, [28, 29, 30, 31, 8, 9, 10, 11, 36, 37],
-         "token t: block table[t // 4], slot block * 4 + t % 4")
+         "token t: block = block_table[t // 4], slot = block * 4 + t % 4")
 
 
 @slot_mapping.case

@@ -39,7 +39,7 @@ def top_p_drops_the_crossing_token(logits, top_p):
     return _mask(logits, drop, order)
 
 
-@wrong("ch01.top_p", "hold at most 1 minus top p")
+@wrong("ch01.top_p", "sum to at most 1 - top_p")
 def top_p_strictly_less(logits, top_p):
     if top_p >= 1.0:
         return logits
