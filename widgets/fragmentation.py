@@ -175,7 +175,9 @@ def _panel(frame: MemoryFrame, x0: int, probe: int | None) -> list[str]:
             parts.append(f'<line x1="{x0 + col * CELL_W}" y1="{TOP}" x2="{x0 + col * CELL_W}" y2="{TOP + height}" '
                          f'stroke="#fff" stroke-width="1"/>')
     y = TOP + height + 16
-    lines = [f"{frame.num_requests} request{'' if frame.num_requests == 1 else 's'} · live {frame.live} / allocated {frame.allocated} of {frame.capacity}",
+    plural = "" if frame.num_requests == 1 else "s"
+    lines = [f"{frame.num_requests} request{plural} · live {frame.live} / allocated {frame.allocated}"
+             f" of {frame.capacity}",
              f"internal fragmentation {frame.internal_fragmentation:.0%} · external {frame.external_fragmentation:.0%}"]
     if frame.unplaced:
         lines.append(f"no room for {len(frame.unplaced)} running request(s)")

@@ -87,8 +87,9 @@ def step_cost(m: ModelShape, phase: str, batch: int, prompt_len: int, context_le
     moved = weight_bytes + kv_bytes
     intensity = flops / moved
     shapes = [(name, f"[{tokens} × {a}] @ [{a} × {b}]") for name, (a, b) in per_layer.items()]
-    shapes.append(("attention (per sequence, layer and head)", f"[{prompt_len if phase == 'prefill' else 1} × {m.head_dim}]"
-                   f" @ [{m.head_dim} × {attended}]"))
+    queries = prompt_len if phase == "prefill" else 1
+    attention_shape = f"[{queries} × {m.head_dim}] @ [{m.head_dim} × {attended}]"
+    shapes.append(("attention (per sequence, layer and head)", attention_shape))
     shapes.append(("lm_head (each sequence's last token)", f"[{batch} × {m.hidden}] @ [{m.hidden} × {m.vocab}]"))
     return {
         "phase": phase, "tokens": tokens, "flops": flops, "weight_bytes": weight_bytes, "kv_bytes": kv_bytes,
