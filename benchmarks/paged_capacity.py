@@ -26,6 +26,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 from batching import make_workload  # noqa: E402  (benchmarks/batching.py, beside this script)
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
 
 import minillm  # noqa: E402
 from minillm.attention.paged import kv_bytes_per_token  # noqa: E402
@@ -67,6 +69,41 @@ def run(name: str, config: EngineConfig, workload) -> dict:
     return {"row": row, "outputs": [o.token_ids for o in outs], "curve": (concurrent, live, allocated)}
 
 
+COLOURS = {"max-length reservation": "#777", "paged": "#2a7"}
+
+
+def plot(curves: dict[str, tuple[list[int], list[int], list[int]]], budget_tokens: int, path: Path) -> None:
+    """The figure: requests running per step (left), then one panel per engine with its allocated KV as a
+    light area and its live KV as a dark area in front (the light part is allocated but empty), on one y scale.
+    `curves` maps a system name to its per-step (concurrent requests, live tokens, allocated tokens)."""
+    fig, axes = plt.subplots(1, 1 + len(curves), figsize=(13, 3.8), gridspec_kw={"width_ratios": [1.1, 1, 1]})
+    left, panels = axes[0], axes[1:]
+    for name, (concurrent, _, _) in curves.items():
+        left.plot(range(len(concurrent)), concurrent, color=COLOURS.get(name, "#333"), drawstyle="steps-post",
+                  linewidth=1.2, label=name)
+    left.set(xlabel="engine step", ylabel="requests running", title="concurrent requests, same KV bytes",
+             ylim=(0, None))
+    left.legend(fontsize=8)
+    budget_k = budget_tokens / 1024
+    for ax, (name, (_, live, allocated)) in zip(panels, curves.items()):
+        colour, steps = COLOURS.get(name, "#333"), range(len(live))
+        ax.fill_between(steps, [a / 1024 for a in allocated], step="post", color=colour, alpha=0.25, linewidth=0)
+        ax.fill_between(steps, [x / 1024 for x in live], step="post", color=colour, alpha=0.9, linewidth=0)
+        ax.axhline(budget_k, color="#c00", linewidth=0.8, linestyle=":")
+        share = sum(live) / sum(allocated)
+        ax.set(xlabel=f"engine step (of {len(live)})", ylabel="K tokens of KV", ylim=(0, budget_k * 1.08),
+               xlim=(0, len(live)), title=f"{name}: live {share:.0%} of allocated")
+    for ax in panels[1:]:
+        ax.sharey(panels[0])
+    key = [Patch(color="#555", alpha=0.9, linewidth=0, label="live KV (tokens whose K/V are held)"),
+           Patch(color="#555", alpha=0.25, linewidth=0, label="allocated, not holding a token"),
+           Line2D([], [], color="#c00", linewidth=0.8, linestyle=":", label=f"KV budget ({budget_k:.0f}K tokens)")]
+    fig.legend(handles=key, loc="lower center", ncol=3, fontsize=9, frameon=False, bbox_to_anchor=(0.62, 0))
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=64)
@@ -94,23 +131,13 @@ def main() -> None:
               "tok_per_s_paged_vs_reserved": rows[1]["output_tok_per_s"] / rows[0]["output_tok_per_s"]}
     print("  ratios:", {k: round(v, 2) for k, v in ratios.items()})
     RESULTS.mkdir(exist_ok=True)
+    curves = {res["row"]["system"]: res["curve"] for res in (reserve, paged)}  # per step: running, live, allocated
     meta = {"machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
             "kv_budget_bytes": budget, "max_model_len": args.max_model_len, "block_size": args.block_size,
             "requests": len(workload), "seed": args.seed}
-    (RESULTS / "paged_capacity.json").write_text(json.dumps({"meta": meta, "rows": rows, "ratios": ratios,
-                                                             "outputs_identical": True}, indent=2) + "\n")
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 3.8))
-    for res, colour in ((reserve, "#999"), (paged, "#2a7")):
-        concurrent, live, allocated = res["curve"]
-        left.plot(concurrent, color=colour, label=res["row"]["system"])
-        name = res["row"]["system"]
-        right.plot([a / 1024 for a in allocated], color=colour, linestyle="--", label=f"{name}: allocated")
-        right.plot([x / 1024 for x in live], color=colour, label=f"{name}: live")
-    left.set(xlabel="engine step", ylabel="requests running", title="concurrent requests, same KV bytes")
-    right.set(xlabel="engine step", ylabel="K tokens of KV", title="allocated vs live KV")
-    left.legend(), right.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(RESULTS / "paged_capacity.png", dpi=120)
+    result = {"meta": meta, "rows": rows, "ratios": ratios, "outputs_identical": True, "curves": curves}
+    (RESULTS / "paged_capacity.json").write_text(json.dumps(result, indent=1) + "\n")
+    plot(curves, budget // per_token, RESULTS / "paged_capacity.png")
     print(f"wrote {RESULTS / 'paged_capacity.json'} and paged_capacity.png")
 
 
