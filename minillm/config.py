@@ -34,6 +34,7 @@ class EngineConfig:
     device: str | None = None  # None: cuda when available, else cpu
     dtype: str | None = None  # None: float32 on cpu, the checkpoint's dtype on cuda
     trace_max_steps: int | None = 10_000  # the trace keeps this many recent steps (None: all of them)
+    prefix_cache: bool = False  # reuse cached full KV blocks of earlier requests (chapter 5; paged only)
 
     def __post_init__(self) -> None:
         if self.batching not in BATCHING:
@@ -54,6 +55,10 @@ class EngineConfig:
         if (not isinstance(self.gpu_memory_utilization, int | float) or isinstance(self.gpu_memory_utilization, bool)
                 or not 0 < self.gpu_memory_utilization <= 1):
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        if not isinstance(self.prefix_cache, bool):
+            raise ValueError(f"prefix_cache must be True or False, got {self.prefix_cache!r}")
+        if self.prefix_cache and self.kv != "paged":
+            raise ValueError("prefix_cache=True needs kv='paged': cached blocks are shared by reference")
         if self.use_triton is not None and not isinstance(self.use_triton, bool):
             raise ValueError(f"use_triton must be None, True or False, got {self.use_triton!r}")
         if self.device not in (None, "cpu", "cuda") and not str(self.device).startswith("cuda:"):

@@ -57,6 +57,7 @@ class RequestOutput:
     finish_reason: str | None  # "stop" | "length" | "abort" | "error"
     metrics: RequestMetrics
     error: str | None = None  # why the request was rejected, when finish_reason == "error"
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache instead of computed
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,7 @@ class LLMEngine:
             use_triton = power_of_two and unavailable_reason(model.device) is None
         cache = PagedKVCache.for_model(spec, num_blocks, config.block_size, model.dtype, model.device, bool(use_triton))
         logger.info("%s (%s)", cache.describe(), "Triton kernels" if use_triton else "torch reference")
-        return cache, BlockPool(num_blocks, config.block_size)
+        return cache, BlockPool(num_blocks, config.block_size, prefix_cache=config.prefix_cache)
 
     def _check_memory(self, needed: int, how: str) -> None:
         available = available_bytes(self.model.device)
@@ -207,6 +208,13 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    @property
+    def prefix_cache_hit_rate(self) -> float | None:
+        """Share of the tokens looked up at admissions that were served from the prefix cache (None
+        without one)."""
+        cache = self.pool.cache if self.pool is not None else None
+        return cache.hit_rate if cache is not None else None
+
     def unfinished_ids(self) -> list[str]:
         return [rid for rid, r in self.requests.items() if not r.status.is_done]
 
@@ -280,15 +288,18 @@ class LLMEngine:
         finished = tuple(c.request_id for c in useful if self.requests[c.request_id].status.is_done)
         running = self.scheduler.running
         blocks = {r.request_id: tuple(self.pool.block_table(r.request_id)) for r in running} if self.pool else {}
+        events = tuple(self.pool.drain_events()) if self.pool else ()
+        admitted = {r.request_id for r in output.new_requests}
+        hits = {c.request_id: c.start for c in output.chunks if c.request_id in admitted and c.start > 0}
         self.trace.record(StepRecord(self.trace.next_step, start - self._t0, end - start, tuple(slots),
                                      tuple(r.request_id for r in output.new_requests), finished,
                                      output.preempted_ids, {r.request_id: r.num_computed_tokens for r in running},
-                                     blocks))
+                                     blocks, hits, events))
 
     def output(self, request_id: str) -> RequestOutput:
         r = self.requests[request_id]
         return RequestOutput(r.request_id, r.prompt, r.prompt_token_ids, self.detokenizers[request_id].text,
-                             list(r.output_token_ids), r.finish_reason, r.metrics, r.error)
+                             list(r.output_token_ids), r.finish_reason, r.metrics, r.error, r.num_cached_tokens)
 
     def release(self, request_id: str) -> None:
         """Forget a finished request (its output has been delivered)."""

@@ -50,6 +50,7 @@ class Request:
     slot: int | None = None  # its batch slot while RUNNING: with a contiguous cache also its KV
     #                          location; with a paged cache its blocks are the block pool's table under its id
     num_preemptions: int = 0
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at its first admission (chapter 5)
 
     # --- output: filled as it produces tokens and when it ends -----------------------------------
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"

@@ -3,6 +3,7 @@
     step 7:  slot 0 [A decode 1] | slot 1 [B prefill 12] | slot 2 [idle] | slot 3 [C decode 1]
              admitted: B    finished: A    preempted: -    12.4 ms
              KV after the step: A 40 tokens, B 12, C 9 (paged: A in blocks [3, 0, 5], ...)
+             prefix cache: B found 8 tokens cached; events: hit 3, alloc 6, cache 6 ...
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ class StepRecord:
     preempted: tuple[str, ...] = ()
     kv_tokens: dict[str, int] = field(default_factory=dict)  # tokens in the KV cache per request, after the step
     blocks: dict[str, tuple[int, ...]] = field(default_factory=dict)  # paged cache: each request's block table
+    cache_hits: dict[str, int] = field(default_factory=dict)  # prefix cache: tokens admitted requests found cached
+    kv_events: tuple[tuple, ...] = ()  # prefix cache: the block pool's events, in order (BlockPool.drain_events)
 
     @property
     def num_tokens(self) -> int:
@@ -81,7 +84,10 @@ class Trace:
         steps = [StepRecord(s["step"], s["start_time"], s["duration"],
                             tuple(None if x is None else SlotState(**x) for x in s["slots"]),
                             tuple(s["admitted"]), tuple(s["finished"]), tuple(s.get("preempted", ())),
-                            dict(s.get("kv_tokens", {})), {k: tuple(v) for k, v in s.get("blocks", {}).items()})
+                            dict(s.get("kv_tokens", {})), {k: tuple(v) for k, v in s.get("blocks", {}).items()},
+                            dict(s.get("cache_hits", {})),
+                            tuple(tuple(tuple(x) if isinstance(x, list) else x for x in e)
+                                  for e in s.get("kv_events", ())))
                  for s in data["steps"]]
         return cls(data["num_slots"], steps, data.get("max_model_len"), data.get("block_size"), data.get("num_blocks"),
                    data.get("max_steps"), data.get("num_dropped", 0))

@@ -10,15 +10,28 @@ the list of its blocks in token order; its blocks need not be adjacent:
 Only a request's last block can be partly empty, so at most `block_size - 1` slots per request are
 wasted (internal fragmentation), and any free block fits anyone (no external fragmentation).
 
-Blocks carry reference counts so that chapter 5's prefix cache can share them; a block returns to
-the free queue when its count drops to zero. Misuse — freeing a free block, an unknown block id or
-request — raises instead of corrupting the pool.
+Blocks carry reference counts so that several requests can share one (chapter 5). Without a prefix
+cache, a block returns to the free queue when its count drops to zero. With one
+(`prefix_cache=True`, `minillm/kv/prefix_cache.py`), a full block whose last holder lets go keeps
+its K/V and stays findable: it becomes *cached and evictable*. Allocation takes never-used (or
+forgotten) blocks from the free queue first; only when that is empty does it evict the least
+recently used evictable block, forgetting its key. Eviction order is deterministic: blocks become
+evictable in the order they are released, and a request releases its blocks last block first, so
+a prefix's tail is evicted before its head (heads are the most shared). Misuse — freeing a free
+block, an unknown block id or request — raises instead of corrupting the pool.
+
+    block:      free queue ──take──► held (ref >= 1) ──last holder lets go──► free queue   (not cached)
+                     ▲                   ▲       │                              │
+                     │                  hit      └──────────────────────► evictable (cached, ref 0, LRU)
+                     └───────────evict (forget its key)──────────────────────────┘
 """
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Iterable
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Sequence
+
+from minillm.kv.prefix_cache import CachedBlock, KeyFn, PrefixCache, block_key
 
 
 class OutOfBlocks(RuntimeError):
@@ -26,7 +39,8 @@ class OutOfBlocks(RuntimeError):
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, block_size: int = 16):
+    def __init__(self, num_blocks: int, block_size: int = 16, prefix_cache: bool = False,
+                 key_fn: KeyFn = block_key):
         if not isinstance(num_blocks, int) or num_blocks < 1:
             raise ValueError(f"num_blocks must be an integer >= 1, got {num_blocks!r}")
         if not isinstance(block_size, int) or block_size < 1:
@@ -35,20 +49,56 @@ class BlockPool:
         self.free_queue: deque[int] = deque(range(num_blocks))  # taken from the left, returned on the right
         self.ref_counts = [0] * num_blocks
         self.tables: dict[str, list[int]] = {}  # request id -> its blocks in token order
+        self.cache = PrefixCache(block_size, key_fn) if prefix_cache else None
+        self.evictable: OrderedDict[int, None] = OrderedDict()  # cached, nobody holds them; least recently used first
+        self.chains: dict[str, list[CachedBlock] | None] = {}  # request id -> entries of its leading full blocks
+        #                                                        (None: a collision stopped its caching)
+        self.events: list[tuple] = []  # with a prefix cache: what happened to blocks, in order (see drain_events)
 
     # ------------------------------------------------------------------ physical blocks
     @property
     def num_free_blocks(self) -> int:
-        return len(self.free_queue)
+        """Blocks an allocation can take: never used (or forgotten), then evictable cached ones."""
+        return len(self.free_queue) + len(self.evictable)
 
     def take(self, count: int) -> list[int]:
-        """`count` free blocks, each with reference count 1; OutOfBlocks (taking none) if too few."""
-        if count > len(self.free_queue):
-            raise OutOfBlocks(f"asked for {count} blocks, {len(self.free_queue)} free of {self.num_blocks}")
-        blocks = [self.free_queue.popleft() for _ in range(count)]
-        for block in blocks:
+        """`count` blocks, each with reference count 1: from the free queue first, then by evicting
+        the least recently used cached blocks. OutOfBlocks (taking none) if too few."""
+        if count > self.num_free_blocks:
+            raise OutOfBlocks(f"asked for {count} blocks, {self.num_free_blocks} free of {self.num_blocks}")
+        blocks = []
+        for _ in range(count):
+            block = self.free_queue.popleft() if self.free_queue else self._evict()
             self.ref_counts[block] = 1
+            self._log("alloc", block)
+            blocks.append(block)
         return blocks
+
+    def _evict(self) -> int:
+        """The least recently used evictable block, its key forgotten. Its descendants are forgotten
+        too (no lookup can reach them now); those nobody holds go to the free queue."""
+        block, _ = self.evictable.popitem(last=False)
+        victim, *descendants = self.cache.forget(block)
+        self._log("evict", victim)
+        for other in descendants:
+            self._log("forget", other)
+            if other in self.evictable:
+                del self.evictable[other]
+                self.free_queue.append(other)
+        return block
+
+    def _log(self, *event) -> None:
+        if self.cache is not None:
+            self.events.append(event)
+
+    def drain_events(self) -> list[tuple]:
+        """What happened since the last call, in order (empty without a prefix cache):
+        ("alloc", block) taken, ("hit", block) shared from the cache, ("cache", block, parent block
+        or -1, token ids) became cached, ("release", block) cached and evictable now (most recently
+        used end), ("evict", block) evicted for reuse, ("forget", block) uncached with an evicted
+        ancestor."""
+        events, self.events = self.events, []
+        return events
 
     def incref(self, blocks: Iterable[int]) -> None:
         """One more holder for blocks that are in use."""
@@ -57,12 +107,26 @@ class BlockPool:
             self.ref_counts[block] += 1
 
     def decref(self, blocks: Iterable[int]) -> None:
-        """One holder fewer; a block nobody holds goes back to the free queue."""
+        """One holder fewer; a block nobody holds becomes evictable if it is cached, else free."""
         for block in blocks:
             self._check_in_use(block)
             self.ref_counts[block] -= 1
             if self.ref_counts[block] == 0:
-                self.free_queue.append(block)
+                if self.cache is not None and self.cache.is_cached(block):
+                    self.evictable[block] = None  # the most recently used end
+                    self._log("release", block)
+                else:
+                    self.free_queue.append(block)
+
+    def share(self, blocks: Iterable[int]) -> None:
+        """One more holder for cached blocks found by a lookup, evictable ones included."""
+        for block in blocks:
+            if self.ref_counts[block] == 0:
+                if block not in self.evictable:
+                    raise ValueError(f"block {block} is free and not cached: nothing to share")
+                del self.evictable[block]
+            self.ref_counts[block] += 1
+            self._log("hit", block)
 
     def _check_in_use(self, block: int) -> None:
         if not isinstance(block, int) or not 0 <= block < self.num_blocks:
@@ -85,12 +149,54 @@ class BlockPool:
     def can_hold(self, request_id: str, num_tokens: int) -> bool:
         return self.num_missing_blocks(request_id, num_tokens) <= self.num_free_blocks
 
-    def allocate(self, request_id: str, num_tokens: int) -> list[int]:
-        """A new block table for a request's first `num_tokens` tokens."""
+    def find_cached(self, token_ids: Sequence[int]) -> list[CachedBlock]:
+        """The cached leading full blocks of `token_ids` a new request may reuse. At least its last
+        token is always left to compute — its logits give the next token — so a fully cached run of
+        tokens gives back its last block: that block is recomputed into a fresh block, and nothing is
+        ever written into a shared one."""
+        if self.cache is None:
+            return []
+        return self.cache.lookup(token_ids)[: (len(token_ids) - 1) // self.block_size]
+
+    def can_allocate(self, num_tokens: int, cached: Sequence[CachedBlock] = ()) -> bool:
+        """Whether `allocate` can give a new request blocks for `num_tokens` tokens, reusing `cached`
+        (reviving an evictable cached block takes it out of what new blocks could use)."""
+        reviving = sum(1 for e in cached if self.ref_counts[e.block_id] == 0)
+        return self.blocks_for(num_tokens) - len(cached) <= self.num_free_blocks - reviving
+
+    def allocate(self, request_id: str, num_tokens: int, cached: Sequence[CachedBlock] = ()) -> list[int]:
+        """A new block table for a request's first `num_tokens` tokens: the `cached` blocks (from
+        `find_cached`, shared), then fresh ones."""
         if request_id in self.tables:
             raise ValueError(f"request {request_id!r} already has a block table")
-        self.tables[request_id] = self.take(self.blocks_for(num_tokens))
+        if not self.can_allocate(num_tokens, cached):
+            raise OutOfBlocks(f"{num_tokens} tokens need {self.blocks_for(num_tokens) - len(cached)} new blocks, "
+                              f"{self.num_free_blocks} free of {self.num_blocks}")
+        shared = [e.block_id for e in cached]
+        self.share(shared)
+        self.tables[request_id] = shared + self.take(self.blocks_for(num_tokens) - len(shared))
+        if self.cache is not None:
+            self.chains[request_id] = list(cached)
+            self.cache.queried_tokens += num_tokens
+            self.cache.hit_tokens += len(shared) * self.block_size
         return list(self.tables[request_id])
+
+    def cache_full_blocks(self, request_id: str, token_ids: Sequence[int], num_computed: int) -> None:
+        """Make the request's full blocks whose K/V are computed (its first `num_computed` tokens)
+        findable by later requests."""
+        chain = self.chains.get(request_id)
+        if self.cache is None or chain is None:
+            return
+        table, size = self._table(request_id), self.block_size
+        for i in range(len(chain), num_computed // size):
+            parent = chain[-1] if chain else None
+            entry = self.cache.insert(table[i], parent, token_ids[i * size : (i + 1) * size])
+            if entry is None:  # a key collision, or an ancestor evicted meanwhile: cache no further
+                self.chains[request_id] = None
+                return
+            if entry.block_id == table[i]:
+                self._log("cache", table[i], parent.block_id if parent else -1, entry.token_ids)
+            chain.append(entry)  # the entry standing for this prefix, even when another block holds it
 
     def append(self, request_id: str, num_tokens: int) -> list[int]:
         """Grow a request's table until it holds `num_tokens` tokens; returns the new blocks."""
@@ -100,9 +206,12 @@ class BlockPool:
         return new
 
     def free(self, request_id: str) -> None:
-        """Release every block of a request (finished, aborted or preempted)."""
-        self.decref(self._table(request_id))
+        """Release every block of a request (finished, aborted or preempted). With a prefix cache
+        the last block goes first, so that a prefix's tail becomes evictable before its head."""
+        table = self._table(request_id)
+        self.decref(reversed(table) if self.cache is not None else table)
         del self.tables[request_id]
+        self.chains.pop(request_id, None)
 
     def slot_mapping(self, request_id: str, start: int, end: int) -> list[int]:
         """Physical slot of each token position in [start, end)."""
@@ -120,6 +229,10 @@ class BlockPool:
     # ------------------------------------------------------------------ invariants
     @property
     def is_idle(self) -> bool:
-        """Back to the starting state: every block free, every count zero, no table left."""
-        return (not self.tables and len(self.free_queue) == self.num_blocks and not any(self.ref_counts)
-                and len(set(self.free_queue)) == self.num_blocks)
+        """Nobody holds anything: no table left, every count zero, and every block either free or
+        cached and evictable — each exactly once."""
+        cached = self.cache.by_block.keys() if self.cache is not None else set()
+        everywhere = list(self.free_queue) + list(self.evictable)
+        return (not self.tables and not self.chains and not any(self.ref_counts)
+                and sorted(everywhere) == list(range(self.num_blocks))
+                and set(self.evictable) == set(cached) and not cached & set(self.free_queue))

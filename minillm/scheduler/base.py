@@ -73,6 +73,8 @@ class Scheduler:
             if request is None:  # aborted or failed while the step ran
                 continue
             request.num_computed_tokens += chunk.num_tokens
+            if self.pool is not None:  # with a prefix cache, its newly full blocks become findable
+                self.pool.cache_full_blocks(request.request_id, request.all_token_ids, request.num_computed_tokens)
             if chunk.samples:
                 request.output_token_ids.append(sampled[chunk.request_id])
                 advanced.append(request)

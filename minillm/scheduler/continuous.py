@@ -13,6 +13,11 @@ recompute**: its blocks are freed, its `num_computed_tokens` drops to 0, and it 
 front of the queue; when it returns, its prompt and the tokens it had generated are prefilled
 again. A waiting request is admitted only if the pool can hold all its tokens — admission never
 preempts anyone.
+
+With a prefix cache (chapter 5), admission first looks the request's tokens up: its cached leading
+full blocks are shared instead of computed, so its `num_computed_tokens` starts at the hit length
+and only the rest counts against the budget and the pool. A preempted request finds its own
+earlier blocks again this way, if they were not evicted meanwhile.
 """
 
 from __future__ import annotations
@@ -36,20 +41,30 @@ class ContinuousScheduler(Scheduler):
             chunks.append(self._chunk(request, need))
             budget -= need
         # admit while slots, budget and blocks allow (not in a step that had to preempt: no thrashing)
-        while self.waiting and self.free_slots and not preempted and self._fits(self.waiting[0], budget):
-            request = self.waiting.popleft()
+        while self.waiting and self.free_slots and not preempted:
+            request = self.waiting[0]
+            cached = self.pool.find_cached(request.all_token_ids) if self.pool is not None else []
+            if not self._fits(request, budget, cached):
+                break
+            self.waiting.popleft()
             self._admit(request)
             if self.pool is not None:
-                self.pool.allocate(request.request_id, request.num_tokens)
+                self.pool.allocate(request.request_id, request.num_tokens, cached)
+                request.num_computed_tokens = len(cached) * self.pool.block_size
+                if request.num_preemptions == 0:
+                    request.num_cached_tokens = request.num_computed_tokens
             chunks.append(self._chunk(request, request.num_uncomputed_tokens))
             budget -= request.num_uncomputed_tokens
             new.append(request)
         return self._output(chunks, new, preempted)
 
-    def _fits(self, request: Request, budget: int) -> bool:
-        if request.num_uncomputed_tokens > budget:
+    def _fits(self, request: Request, budget: int, cached: list) -> bool:
+        """Whether a waiting request can be admitted now, reusing its `cached` leading blocks."""
+        if self.pool is None:
+            return request.num_uncomputed_tokens <= budget
+        if request.num_tokens - len(cached) * self.pool.block_size > budget:
             return False
-        return self.pool is None or self.pool.can_hold(request.request_id, request.num_tokens)
+        return self.pool.can_allocate(request.num_tokens, cached)
 
     def _make_room(self, request: Request) -> list[str]:
         """Give a running request the blocks for all its tokens, preempting the newest running
