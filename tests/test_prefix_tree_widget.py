@@ -1,0 +1,93 @@
+"""widgets/prefix_tree.py: the replay rebuilds exactly the engine's cache, and the pictures say it."""
+
+import pytest
+
+from minillm.config import EngineConfig
+from minillm.engine import LLMEngine
+from minillm.sampling import SamplingParams
+from minillm.trace import StepRecord, Trace
+from tests.hf_reference import ByteTokenizer
+from tests.test_engine import paged_budget
+from widgets.prefix_tree import CacheFrame, PrefixTreeWidget, TreeNode, layout, render_frame, replay
+
+
+def decode(ids: list[int]) -> str:
+    return "".join(chr(i) if 32 <= i < 127 else "?" for i in ids)
+
+
+def run_shared(model, num_blocks: int = 12) -> LLMEngine:
+    config = EngineConfig(kv="paged", block_size=4, max_num_seqs=3, max_model_len=64, prefix_cache=True,
+                          kv_cache_bytes=paged_budget(model, 4, num_blocks))
+    engine = LLMEngine(model, ByteTokenizer(), config)
+    shared = [ord(c) for c in "The system says:"]  # 16 tokens: 4 full blocks
+    for question in ("hi?", "who are you?", "bye", "a longer question here"):
+        engine.add_request(shared + [ord(c) for c in question],
+                           SamplingParams(temperature=0, max_new_tokens=6, ignore_eos=True))
+        engine.step()
+    while engine.has_unfinished():
+        engine.step()
+    return engine
+
+
+def test_replay_ends_with_the_engines_own_cache(model):
+    for num_blocks in (40, 12):  # roomy, then tight enough to evict
+        engine = run_shared(model, num_blocks)
+        final = replay(engine.trace)[-1]
+        cache = engine.pool.cache
+        assert {n.block for n in final.nodes} == set(cache.by_block)
+        for node in final.nodes:
+            entry = cache.by_block[node.block]
+            assert node.token_ids == entry.token_ids
+            assert node.parent == (entry.parent.block_id if entry.parent else -1)
+            assert node.ref_count == 0  # nothing runs any more
+        ranks = sorted((n.lru_rank, n.block) for n in final.nodes)
+        assert [b for _, b in ranks] == list(engine.pool.evictable)  # the eviction queue, in order
+    assert any(f.evicted for f in replay(engine.trace)), "the tight pool was meant to evict"
+
+
+def test_a_hit_lights_up_its_path_and_is_counted(model):
+    frames = replay(run_shared(model).trace)
+    second = next(f for f in frames if "1" in f.admitted)
+    assert second.cache_hits == {"1": 16} and len(second.hit_blocks) == 4
+    page = render_frame(second, decode, last_step=frames[-1].step)
+    assert "1 admitted, 16 tokens found cached" in page
+    assert page.count("stroke=\"#e67e22\"") == 4  # the four shared blocks drawn with the hit colour
+    assert "held by 2" in page
+
+
+def test_layout_gives_each_branch_a_row():
+    nodes = [TreeNode(0, -1, (1,), 1, None), TreeNode(1, 0, (2,), 1, None), TreeNode(2, 1, (3,), 0, 0),
+             TreeNode(3, 0, (4,), 0, 1), TreeNode(4, -1, (5,), 0, 2)]
+    assert layout(nodes) == {0: (0, 0), 1: (1, 0), 2: (2, 0), 3: (1, 1), 4: (0, 2)}
+
+
+def test_an_empty_cache_and_a_long_one_render_with_a_note():
+    empty = CacheFrame(0, (), (), {}, (), (), ())
+    assert "nothing cached yet" in render_frame(empty, decode)
+    many = tuple(TreeNode(b, -1, (65,), 0, b) for b in range(20))
+    assert "and 6 more branches" in render_frame(CacheFrame(1, many, (), {}, (), (), ()), decode)
+
+
+def test_the_widget_animates_the_steps_where_the_cache_changed(model):
+    engine = run_shared(model)
+    widget = PrefixTreeWidget(engine.trace, decode)
+    assert len(widget.stacks[0].children) == len(widget.slider.options) > 3
+    pictures = {child.value for child in widget.stacks[0].children}
+    assert len(pictures) == len(widget.stacks[0].children)  # every frame shows something new
+    assert widget.slider.options[0].startswith("step 0 /")
+    assert "The system says" not in widget.still_html()  # blocks are cut at 4 tokens: "The ", "syst", ...
+    assert "syst" in widget.still_html()
+
+
+def test_the_widget_refuses_a_trace_without_cache_events_or_with_dropped_steps(model):
+    config = EngineConfig(kv="paged", block_size=4, max_num_seqs=2, max_model_len=64,
+                          kv_cache_bytes=paged_budget(model, 4, 20))
+    engine = LLMEngine(model, ByteTokenizer(), config)
+    engine.add_request([5, 6, 7, 8, 9], SamplingParams(temperature=0, max_new_tokens=2, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    with pytest.raises(ValueError, match="prefix_cache=True"):
+        PrefixTreeWidget(engine.trace, decode)
+    dropped = Trace(1, [StepRecord(5, 0.0, 0.0, (None,), (), ())], num_dropped=5)
+    with pytest.raises(ValueError, match="dropped"):
+        replay(dropped)

@@ -1,0 +1,208 @@
+"""The prefix cache as a tree, replayed step by step from a real engine trace.
+
+    step 12: admitted C, found 48 tokens cached
+    [ROMEO: Wha]──[t light th]──[rough yon ]──[window br]     each box one cached full block: its text,
+        #0 held 2      #1 held 2     #4 held 1    #9 evict 1st    block id, holders, or its place in the
+                   └──[ JULIET: ]──[...]                         eviction queue (1st = next to go)
+
+The engine's trace (`minillm/trace.py`, from `EngineConfig(kv="paged", prefix_cache=True)`) records,
+for every step, the block pool's events in order (`BlockPool.drain_events`): blocks cached, shared
+by a hit, released to the eviction queue, evicted. `replay(trace)` rebuilds the tree and the queue
+from them — pure, one `CacheFrame` per step; `render_frame(frame, decode)` draws one as SVG; and
+`PrefixTreeWidget` animates the frames (`widgets/animation.py`): a new request's hit path lights up,
+evicted blocks disappear.
+"""
+
+from __future__ import annotations
+
+import html
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from minillm.trace import Trace
+from widgets.animation import Animation
+from widgets.slot_timeline import frame_steps
+
+BOX_W, BOX_H, GAP_X, ROW_H, LEFT, TOP = 150, 34, 20, 46, 8, 34
+MAX_ROWS = 14
+HELD, EVICTABLE, HIT, NEW = "#2a7", "#bbb", "#e67e22", "#1f77b4"
+
+
+@dataclass(frozen=True)
+class TreeNode:
+    block: int
+    parent: int  # the parent block, -1 for a request's first block
+    token_ids: tuple[int, ...]
+    ref_count: int  # running requests holding it after the step
+    lru_rank: int | None  # evictable: its place in the eviction queue (0 = next to go); None while held
+
+
+@dataclass(frozen=True)
+class CacheFrame:
+    step: int
+    nodes: tuple[TreeNode, ...]  # depth first, children in the order they were cached
+    admitted: tuple[str, ...]
+    cache_hits: dict[str, int]  # tokens each admitted request found cached
+    hit_blocks: tuple[int, ...]  # blocks shared by a hit in this step
+    new_blocks: tuple[int, ...]  # blocks cached in this step
+    evicted: tuple[int, ...]  # blocks evicted (or forgotten with an evicted ancestor) in this step
+
+    @property
+    def held(self) -> int:
+        return sum(1 for n in self.nodes if n.ref_count > 0)
+
+    @property
+    def evictable(self) -> int:
+        return sum(1 for n in self.nodes if n.ref_count == 0)
+
+
+def replay(trace: Trace) -> list[CacheFrame]:
+    """The cached-block tree after each step of `trace` (which must start at the engine's step 0)."""
+    if trace.num_dropped:
+        raise ValueError(f"the trace dropped its first {trace.num_dropped} steps: the tree is rebuilt from step 0 "
+                         "(raise EngineConfig.trace_max_steps)")
+    parents: dict[int, int] = {}
+    tokens: dict[int, tuple[int, ...]] = {}
+    lru: list[int] = []
+    frames = []
+    for step in trace.steps:
+        hit, new, evicted = [], [], []
+        for kind, block, *rest in step.kv_events:
+            if kind == "hit":
+                hit.append(block)
+                if block in lru:
+                    lru.remove(block)
+            elif kind in ("evict", "forget"):
+                evicted.append(block)
+                parents.pop(block, None), tokens.pop(block, None)
+                if block in lru:
+                    lru.remove(block)
+            elif kind == "cache":
+                parents[block], tokens[block] = rest[0], tuple(rest[1])
+                new.append(block)
+            elif kind == "release":
+                lru.append(block)
+        holders = Counter(b for table in step.blocks.values() for b in table)
+        rank = {block: i for i, block in enumerate(lru)}
+        nodes = [TreeNode(b, parents[b], tokens[b], holders[b], rank.get(b)) for b in _depth_first(parents)]
+        frames.append(CacheFrame(step.step, tuple(nodes), step.admitted, dict(step.cache_hits), tuple(hit),
+                                 tuple(new), tuple(evicted)))
+    return frames
+
+
+def _depth_first(parents: dict[int, int]) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for block, parent in parents.items():  # dicts keep insertion order: children in the order cached
+        children.setdefault(parent, []).append(block)
+    order, stack = [], list(reversed(children.get(-1, [])))
+    while stack:
+        block = stack.pop()
+        order.append(block)
+        stack.extend(reversed(children.get(block, [])))
+    return order
+
+
+def layout(nodes: Sequence[TreeNode]) -> dict[int, tuple[int, int]]:
+    """(column, row) per block: the column is the depth; a first child stays on its parent's row,
+    every other child opens a new row below — one row per branch."""
+    place: dict[int, tuple[int, int]] = {}
+    used_children: set[int] = set()
+    next_row = 0
+    for node in nodes:  # depth first: a parent is placed before its children
+        if node.parent == -1:
+            place[node.block] = (0, next_row)
+            next_row += 1
+        else:
+            column, row = place[node.parent]
+            if node.parent in used_children:
+                row, next_row = next_row, next_row + 1
+            used_children.add(node.parent)
+            place[node.block] = (column + 1, row)
+    return place
+
+
+def _visible(text: str, width: int = 19) -> str:
+    shown = text.replace("\n", "⏎").replace("\t", "→")
+    return shown if len(shown) <= width else shown[: width - 1] + "…"
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'st' if n == 1 else 'nd' if n == 2 else 'rd' if n == 3 else 'th'}"
+
+
+def render_frame(frame: CacheFrame, decode: Callable[[list[int]], str], last_step: int | None = None) -> str:
+    """One frame as HTML: a header line, then the tree as SVG."""
+    place = layout(frame.nodes)
+    rows = max((r for _, r in place.values()), default=-1) + 1
+    shown = {b: cr for b, cr in place.items() if cr[1] < MAX_ROWS}
+    columns = max((c for c, _ in shown.values()), default=0) + 1
+    width, height = LEFT + columns * (BOX_W + GAP_X), TOP + max(1, min(rows, MAX_ROWS)) * ROW_H + 8
+    hits = set(frame.hit_blocks)
+    parts = []
+    for node in frame.nodes:
+        if node.block not in shown:
+            continue
+        column, row = shown[node.block]
+        x, y = LEFT + column * (BOX_W + GAP_X), TOP + row * ROW_H
+        if node.parent in shown:
+            pc, pr = shown[node.parent]
+            px, py = LEFT + pc * (BOX_W + GAP_X) + BOX_W, TOP + pr * ROW_H + BOX_H / 2
+            parts.append(f'<path d="M{px},{py} H{x - GAP_X / 2} V{y + BOX_H / 2} H{x}" fill="none" stroke="#888"/>')
+        fill = HELD if node.ref_count else EVICTABLE
+        stroke, stroke_width = (HIT, 3) if node.block in hits else (NEW, 3) if node.block in frame.new_blocks else (
+            "#555", 1)
+        status = f"held by {node.ref_count}" if node.ref_count else f"evict {_ordinal(node.lru_rank + 1)}"
+        text = decode(list(node.token_ids))
+        tip = html.escape(f"block {node.block}: {text!r} ({len(node.token_ids)} tokens), {status}")
+        parts.append(f'<g><title>{tip}</title><rect x="{x}" y="{y}" width="{BOX_W}" height="{BOX_H}" rx="4" '
+                     f'fill="{fill}" fill-opacity="0.35" stroke="{stroke}" stroke-width="{stroke_width}"/>'
+                     f'<text x="{x + 5}" y="{y + 13}" font-size="11" font-family="monospace">'
+                     f'{html.escape(_visible(text))}</text>'
+                     f'<text x="{x + 5}" y="{y + 27}" font-size="10" fill="#333">#{node.block} · {status}</text></g>')
+    if rows > MAX_ROWS:
+        parts.append(f'<text x="{LEFT}" y="{height - 2}" font-size="11" fill="#666">… and {rows - MAX_ROWS} more '
+                     'branches</text>')
+    if not frame.nodes:
+        parts.append(f'<text x="{LEFT}" y="{TOP + 16}" font-size="12" fill="#666">nothing cached yet</text>')
+    legend = (f"<span style='color:{HELD}'>■</span> held by running requests &nbsp; "
+              f"<span style='color:#999'>■</span> cached, evictable (nth = its place in the eviction queue) &nbsp; "
+              f"<span style='color:{HIT}'>□</span> shared by a hit this step &nbsp; "
+              f"<span style='color:{NEW}'>□</span> cached this step")
+    return (f"<div style='font-family:sans-serif;font-size:13px'><b>{_header(frame, last_step)}</b><br>"
+            f"<span style='font-size:11px'>{legend}</span><br>"
+            f"<svg width='{width}' height='{height}' xmlns='http://www.w3.org/2000/svg'>{''.join(parts)}</svg></div>")
+
+
+def _header(frame: CacheFrame, last_step: int | None) -> str:
+    said = [f"step {frame.step}" + (f" / {last_step}" if last_step is not None else "")]
+    for request_id in frame.admitted:
+        found = frame.cache_hits.get(request_id, 0)
+        said.append(f"{html.escape(request_id)} admitted, " + (f"{found} tokens found cached" if found else "no hit"))
+    if frame.new_blocks:
+        said.append(f"{len(frame.new_blocks)} block{'s' if len(frame.new_blocks) > 1 else ''} cached")
+    if frame.evicted:
+        said.append(f"evicted {', '.join(f'#{b}' for b in frame.evicted)}")
+    said.append(f"cache: {len(frame.nodes)} blocks, {frame.held} held, {frame.evictable} evictable")
+    return " · ".join(said)
+
+
+class PrefixTreeWidget(Animation):
+    """The cached-block tree of a prefix-cache engine's trace, animated over the steps where the
+    cache changed. `decode` turns a block's token ids into text (e.g. `tokenizer.decode`). The still
+    picture (where widgets cannot render) is the frame with the most cached blocks."""
+
+    def __init__(self, trace: Trace, decode: Callable[[list[int]], str], max_frames: int = 40,
+                 interval_ms: int = 600):
+        if not any(step.kv_events for step in trace.steps):
+            raise ValueError("the trace has no prefix-cache events: run requests through an engine with "
+                             "EngineConfig(kv='paged', prefix_cache=True)")
+        frames = replay(trace)
+        changed = [i for i, f in enumerate(frames) if f.hit_blocks or f.new_blocks or f.evicted or f.admitted]
+        self.frames = frames
+        self.frame_steps = [changed[i] for i in frame_steps(len(changed), max_frames)]
+        last = frames[-1].step
+        pages = [render_frame(frames[i], decode, last) for i in self.frame_steps]
+        biggest = max(range(len(self.frame_steps)), key=lambda k: len(frames[self.frame_steps[k]].nodes))
+        super().__init__([pages], [f"step {frames[i].step} / {last}" for i in self.frame_steps], still=biggest,
+                         interval_ms=interval_ms)
