@@ -10,6 +10,7 @@ import torch
 
 from minillm.attention import ContiguousKVCache
 from solutions.ch04_block_allocator import BlockAllocator
+from solutions.ch05_evicting_allocator import EvictingAllocator
 
 WRONG: list[tuple[str, Any, str]] = []  # (exercise, wrong implementation, substring of a FAIL line)
 
@@ -436,3 +437,104 @@ def slots_ignore_the_table(block_table, block_size, start, end):
     if end > len(block_table) * block_size:
         raise ValueError("beyond the table")
     return list(range(start, end))  # WRONG: a token's slot is not its position
+
+
+# ----------------------------------------------------------------------------- ch05.block_keys
+
+
+@wrong("ch05.block_keys", "a partly filled last block has none")
+def keys_for_every_block_partial_too(token_ids, block_size):
+    keys = []
+    for start in range(0, len(token_ids), block_size):  # WRONG: the partial last block gets a key too
+        keys.append(hash((keys[-1] if keys else None, tuple(token_ids[start : start + block_size]), ())))
+    return keys
+
+
+@wrong("ch05.block_keys", "Each later key hashes the previous block's key")
+def keys_without_the_chain(token_ids, block_size):
+    return [hash((None, tuple(token_ids[s : s + block_size]), ()))  # WRONG: no parent key: position-blind
+            for s in range(0, len(token_ids) - block_size + 1, block_size)]
+
+
+@wrong("ch05.block_keys", "The first block's key is hash((None, tuple(tokens), ()))")
+def keys_hash_lists_of_tokens_differently(token_ids, block_size):
+    keys = []
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        keys.append(hash((keys[-1] if keys else 0, tuple(token_ids[start : start + block_size]), ())))  # WRONG: 0
+    return keys
+
+
+@wrong("ch05.block_keys", "The token list is left as it was")
+def keys_that_consume_the_tokens(token_ids, block_size):
+    keys = []
+    while len(token_ids) >= block_size:
+        block = [token_ids.pop(0) for _ in range(block_size)]  # WRONG: empties the caller's list
+        keys.append(hash((keys[-1] if keys else None, tuple(block), ())))
+    return keys
+
+
+# ----------------------------------------------------------------------------- ch05.evict
+
+
+@wrong("ch05.evict", "evicts from the front of evictable")
+class EvictsTheMostRecentlyUsed(EvictingAllocator):
+    def allocate(self, n):
+        if n > len(self.free_queue) + len(self.evictable):
+            raise MemoryError
+        blocks = []
+        for _ in range(n):
+            block = self.free_queue.pop(0) if self.free_queue else self.evictable.pop()  # WRONG: the newest
+            self.cached.discard(block)
+            self.ref_counts[block] = 1
+            blocks.append(block)
+        return blocks
+
+
+@wrong("ch05.evict", "before evicting anything")
+class EvictsBeforeUsingFreeBlocks(EvictingAllocator):
+    def allocate(self, n):
+        if n > len(self.free_queue) + len(self.evictable):
+            raise MemoryError
+        blocks = []
+        for _ in range(n):
+            block = self.evictable.pop(0) if self.evictable else self.free_queue.pop(0)  # WRONG: evicts first
+            self.cached.discard(block)
+            self.ref_counts[block] = 1
+            blocks.append(block)
+        return blocks
+
+
+@wrong("ch05.evict", "A released cached block goes to the back of evictable")
+class ForgetsOnRelease(EvictingAllocator):
+    def release(self, block):
+        if self.ref_counts[block] == 0:
+            raise ValueError(block)
+        self.ref_counts[block] -= 1
+        if self.ref_counts[block] == 0:
+            self.cached.discard(block)  # WRONG: a released block's contents are thrown away
+            self.free_queue.append(block)
+
+
+@wrong("ch05.evict", "Asking for more than free plus evictable raises MemoryError")
+class CountsOnlyFreeBlocks(EvictingAllocator):
+    def allocate(self, n):
+        if n > len(self.free_queue):  # WRONG: evictable blocks are available too
+            raise MemoryError
+        return super().allocate(n)
+
+
+@wrong("ch05.evict", "A hit takes an evictable block out of evictable")
+class HitLeavesTheBlockEvictable(EvictingAllocator):
+    def hit(self, block):
+        if block not in self.cached:
+            raise ValueError(block)
+        self.ref_counts[block] += 1  # WRONG: still in evictable: it could be evicted while held
+
+
+@wrong("ch05.evict", "A block with two holders stays out of both lists")
+class ReleasesOnFirstHolder(EvictingAllocator):
+    def release(self, block):
+        if self.ref_counts[block] == 0:
+            raise ValueError(block)
+        self.ref_counts[block] = 0  # WRONG: ignores the other holders
+        (self.evictable if block in self.cached else self.free_queue).append(block)
