@@ -1,17 +1,18 @@
 """Chapter 5 benchmark: the same paged engine with and without the prefix cache, in one run.
 
-    python benchmarks/prefix_cache.py [--requests 64] [--repeats 3]
+    python benchmarks/prefix_cache.py [--requests 64] [--repeats 3] [--arrive-every 2]
 
 Three workloads on the shipped target, greedy, ignore_eos, fixed seed; prompts cut from held-out
 Shakespeare (minillm/assets/heldout_sample.txt):
-  shared-system-prompt  --requests requests: one system prompt of ~400 tokens + a distinct question of
-                        ~20 tokens each, 32 new tokens; one request arrives before each engine step,
-                        as a server's requests would (requests admitted in the same step cannot share:
-                        a block is cached once its K/V are computed)
+  shared-system-prompt  --requests requests: one system prompt of 400 tokens + a distinct question of
+                        20 tokens each, 32 new tokens; one request arrives every --arrive-every engine
+                        steps, as a server's requests would (requests admitted in the same step cannot
+                        share: a block is cached once its K/V are computed)
   multi-turn-chat       8 conversations x 4 turns: each turn's prompt is the whole conversation so
                         far (earlier lines and answers) plus a new line of ~30 tokens; 48 new tokens;
                         the 8 conversations' turn k arrive together, turn k+1 after all of turn k
-  no-shared-prefix      --requests distinct prompts of ~420 tokens, arriving like the first workload:
+  no-shared-prefix      --requests prompts of 420 tokens, each starting at a different place of the text,
+                        arriving like the first workload:
                         the cost of looking up blocks that are never there
 Engines: EngineConfig(kv="paged", block_size=16, max_num_seqs=16), prefix_cache False / True, one
 model in memory. Each (workload, engine) pair runs --repeats times, alternating; the fastest run
@@ -56,18 +57,21 @@ class Text:
         self.ids = tokenizer.encode((minillm.ASSETS_DIR / "heldout_sample.txt").read_text())
         self.rng = random.Random(seed)
 
-    def span(self, length: int) -> list[int]:
-        start = self.rng.randrange(0, len(self.ids) - length)
-        return self.ids[start : start + length]
+    def spans(self, count: int, length: int) -> list[list[int]]:
+        """`count` spans of `length` tokens, each starting at a different place (the text is ~1,200 tokens,
+        so spans overlap, but no two start at the same position)."""
+        starts = self.rng.sample(range(len(self.ids) - length), count)
+        return [self.ids[start : start + length] for start in starts]
 
 
-def run_streamed(engine: LLMEngine, prompts: list[list[int]], new_tokens: int) -> list:
-    """One request arrives before each engine step; returns the outputs in order."""
-    pending, ids = list(prompts), []
+def run_streamed(engine: LLMEngine, prompts: list[list[int]], new_tokens: int, every: int) -> list:
+    """One request arrives every `every` engine steps; returns the outputs in order."""
+    pending, ids, step = list(prompts), [], 0
     while pending or engine.has_unfinished():
-        if pending:
+        if pending and step % every == 0:
             ids.append(engine.add_request(pending.pop(0), greedy(new_tokens)).request_id)
         engine.step()
+        step += 1
     return [engine.output(i) for i in ids]
 
 
@@ -107,19 +111,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--arrive-every", type=int, default=2, help="engine steps between two arrivals")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     model, tokenizer = minillm.load_model(), minillm.load_tokenizer()
     text = Text(tokenizer, args.seed)
-    system = text.span(400)
-    shared = [system + text.span(20) for _ in range(args.requests)]
-    distinct = [text.span(420) for _ in range(args.requests)]
-    openings = [text.span(24) for _ in range(8)]
-    lines = [[text.span(30) for _ in range(4)] for _ in range(8)]
+    (system,) = text.spans(1, 400)
+    shared = [system + question for question in text.spans(args.requests, 20)]
+    distinct = text.spans(args.requests, 420)
+    openings = text.spans(8, 24)
+    lines = [text.spans(4, 30) for _ in range(8)]
+    every = args.arrive_every
     workloads = {
-        "shared-system-prompt": lambda engine: run_streamed(engine, shared, 32),
+        "shared-system-prompt": lambda engine: run_streamed(engine, shared, 32, every),
         "multi-turn-chat": lambda engine: run_chat(engine, openings, lines, 48),
-        "no-shared-prefix": lambda engine: run_streamed(engine, distinct, 32),
+        "no-shared-prefix": lambda engine: run_streamed(engine, distinct, 32, every),
     }
     results = []
     for name, workload in workloads.items():
@@ -145,6 +151,7 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     meta = {"machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
             "requests": args.requests, "repeats": args.repeats, "seed": args.seed, "block_size": 16,
+            "arrive_every_steps": every,
             "max_num_seqs": 16, "outputs_identical": True}
     (RESULTS / "prefix_cache.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
     plot(results, RESULTS / "prefix_cache.png")

@@ -33,3 +33,29 @@ def test_triton_paged_engine_on_cuda_matches_the_naive_loop(tmp_path, block_size
         while engine.has_unfinished():
             engine.step()
         assert [engine.output(i).token_ids for i in ids] == expected
+
+
+@pytest.mark.parametrize("block_size", [8, 16])
+def test_prefix_cache_with_triton_on_cuda_matches_the_naive_loop(tmp_path, block_size):
+    """Shared prefixes, a fully cached prompt, and a pool small enough to evict and preempt."""
+    pytest.importorskip("triton")
+    make_checkpoint("qwen3", tmp_path, seed=3)
+    model = load_model(tmp_path, device="cuda", dtype=torch.float32)
+    shared = list(range(40, 72))
+    prompts = [shared + [5], shared + [6, 7], shared[:16], shared[:24], shared + [5], list(range(100, 120))]
+    greedy = SamplingParams(temperature=0, max_new_tokens=12, ignore_eos=True)
+    expected = [generate_without_cache(model, ByteTokenizer(), p, greedy).token_ids for p in prompts]
+    per_token = 2 * model.config.num_layers * model.config.num_kv_heads * model.config.head_dim * 4
+    for blocks in (64, 10):
+        config = EngineConfig(max_num_seqs=3, max_model_len=64, kv="paged", block_size=block_size,
+                              kv_cache_bytes=blocks * block_size * per_token, use_triton=True, prefix_cache=True,
+                              device="cuda", dtype="float32")
+        engine = LLMEngine(model, ByteTokenizer(), config)
+        outputs = []
+        for prompt in prompts:  # one at a time, so that each finds its predecessors' blocks
+            request_id = engine.add_request(prompt, greedy).request_id
+            while engine.has_unfinished():
+                engine.step()
+            outputs.append(engine.output(request_id))
+        assert [o.token_ids for o in outputs] == expected
+        assert outputs[3].num_cached_tokens > 0 and outputs[4].num_cached_tokens > 0
