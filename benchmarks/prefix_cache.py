@@ -1,13 +1,16 @@
 """Chapter 5 benchmark: the same paged engine with and without the prefix cache, in one run.
 
-    python benchmarks/prefix_cache.py [--requests 64] [--repeats 3] [--arrive-every 2]
+    python benchmarks/prefix_cache.py [--requests 64] [--repeats 3] [--arrive-every 2] [--light-every 6]
+    python benchmarks/prefix_cache.py --plot-only      (redraw the plot from the saved JSON)
 
-Three workloads on the shipped target, greedy, ignore_eos, fixed seed; prompts cut from held-out
+Four workloads on the shipped target, greedy, ignore_eos, fixed seed; prompts cut from held-out
 Shakespeare (minillm/assets/heldout_sample.txt):
   shared-system-prompt  --requests requests: one system prompt of 400 tokens + a distinct question of
                         20 tokens each, 32 new tokens; one request arrives every --arrive-every engine
                         steps, as a server's requests would (requests admitted in the same step cannot
                         share: a block is cached once its K/V are computed)
+  shared-system-prompt-light-load   the same requests, one every --light-every steps: fewer decodes share
+                        each step, so TTFT is closer to the prefill alone
   multi-turn-chat       8 conversations x 4 turns: each turn's prompt is the whole conversation so
                         far (earlier lines and answers) plus a new line of ~30 tokens; 48 new tokens;
                         the 8 conversations' turn k arrive together, turn k+1 after all of turn k
@@ -44,6 +47,8 @@ from minillm.sampling import SamplingParams  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SYSTEMS = {"no prefix cache": False, "prefix cache": True}
+LABELS = {"shared-system-prompt": "shared system\nprompt", "multi-turn-chat": "multi-turn\nchat",
+          "shared-system-prompt-light-load": "shared prompt,\nlight load", "no-shared-prefix": "no shared\nprefix"}
 
 
 def greedy(n: int) -> SamplingParams:
@@ -112,8 +117,13 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--arrive-every", type=int, default=2, help="engine steps between two arrivals")
+    parser.add_argument("--light-every", type=int, default=6, help="the same, for the light-load workload")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--plot-only", action="store_true", help="redraw the plot from the saved JSON")
     args = parser.parse_args()
+    if args.plot_only:
+        plot(json.loads((RESULTS / "prefix_cache.json").read_text())["results"], RESULTS / "prefix_cache.png")
+        return
     model, tokenizer = minillm.load_model(), minillm.load_tokenizer()
     text = Text(tokenizer, args.seed)
     (system,) = text.spans(1, 400)
@@ -124,6 +134,7 @@ def main() -> None:
     every = args.arrive_every
     workloads = {
         "shared-system-prompt": lambda engine: run_streamed(engine, shared, 32, every),
+        "shared-system-prompt-light-load": lambda engine: run_streamed(engine, shared, 32, args.light_every),
         "multi-turn-chat": lambda engine: run_chat(engine, openings, lines, 48),
         "no-shared-prefix": lambda engine: run_streamed(engine, distinct, 32, every),
     }
@@ -145,13 +156,13 @@ def main() -> None:
                   "ttft_p50_speedup": plain["ttft_p50_s"] / cached["ttft_p50_s"],
                   "tok_per_s_cache_vs_none": cached["output_tok_per_s"] / plain["output_tok_per_s"]}
         results.append({"workload": name, "requests": len(cached_out), "rows": [plain, cached], "ratios": ratios})
-        print(f"{name:22s} cached {ratios['cached_share']:5.1%} of prompt tokens, TTFT p50 "
+        print(f"{name:32s} cached {ratios['cached_share']:5.1%} of prompt tokens, TTFT p50 "
               f"{plain['ttft_p50_s'] * 1e3:6.0f} -> {cached['ttft_p50_s'] * 1e3:5.0f} ms "
               f"({ratios['ttft_p50_speedup']:.1f}x), tok/s {ratios['tok_per_s_cache_vs_none']:.3f}x")
     RESULTS.mkdir(exist_ok=True)
     meta = {"machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
             "requests": args.requests, "repeats": args.repeats, "seed": args.seed, "block_size": 16,
-            "arrive_every_steps": every,
+            "arrive_every_steps": every, "light_load_arrive_every_steps": args.light_every,
             "max_num_seqs": 16, "outputs_identical": True}
     (RESULTS / "prefix_cache.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
     plot(results, RESULTS / "prefix_cache.png")
@@ -161,7 +172,7 @@ def main() -> None:
 def plot(results: list[dict], path: Path) -> None:
     """Three panels, one bar pair per workload: prompt tokens from the cache, TTFT p50, output tok/s."""
     names = [r["workload"] for r in results]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
     panels = [("share of prompt tokens served from the cache", lambda row: 100 * row["cached_share"], "%"),
               ("TTFT p50 (lower is better)", lambda row: 1e3 * row["ttft_p50_s"], "ms"),
               ("output tokens / s (higher is better)", lambda row: row["output_tok_per_s"], "tok/s")]
@@ -171,7 +182,7 @@ def plot(results: list[dict], path: Path) -> None:
             bars = ax.bar([i + (k - 0.5) * 0.38 for i in range(len(names))], values, width=0.38, color=colour,
                           label=system)
             ax.bar_label(bars, fmt="%.0f", fontsize=7)
-        ax.set_xticks(range(len(names)), [n.replace("-", "\n", 1) for n in names], fontsize=8)
+        ax.set_xticks(range(len(names)), [LABELS.get(n, n) for n in names], fontsize=8)
         ax.set(title=title, ylabel=unit)
     axes[0].legend(fontsize=8)
     fig.tight_layout()
