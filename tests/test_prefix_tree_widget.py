@@ -50,7 +50,7 @@ def test_a_hit_lights_up_its_path_and_is_counted(model):
     second = next(f for f in frames if "1" in f.admitted)
     assert second.cache_hits == {"1": 16} and len(second.hit_blocks) == 4
     page = render_frame(second, decode, last_step=frames[-1].step)
-    assert "1 admitted, 16 tokens found cached" in page
+    assert "request 1 admitted, 16 tokens found cached" in page
     assert page.count("stroke=\"#e67e22\"") == 4  # the four shared blocks drawn with the hit colour
     assert "held by 2" in page
 

@@ -1,6 +1,6 @@
 """The prefix cache as a tree, replayed step by step from a real engine trace.
 
-    step 12: admitted C, found 48 tokens cached
+    step 12: request C admitted, 48 tokens found cached
     [ROMEO: Wha]──[t light th]──[rough yon ]──[window br]     each box one cached full block: its text,
         #0 held 2      #1 held 2     #4 held 1    #9 evict 1st    block id, holders, or its place in the
                    └──[ JULIET: ]──[...]                         eviction queue (1st = next to go)
@@ -24,7 +24,7 @@ from minillm.trace import Trace
 from widgets.animation import Animation
 from widgets.slot_timeline import frame_steps
 
-BOX_W, BOX_H, GAP_X, ROW_H, LEFT, TOP = 150, 34, 20, 46, 8, 34
+BOX_W, BOX_H, GAP_X, ROW_H, LEFT, TOP = 124, 34, 16, 46, 8, 34
 MAX_ROWS = 14
 HELD, EVICTABLE, HIT, NEW = "#2a7", "#bbb", "#e67e22", "#1f77b4"
 
@@ -122,7 +122,7 @@ def layout(nodes: Sequence[TreeNode]) -> dict[int, tuple[int, int]]:
     return place
 
 
-def _visible(text: str, width: int = 19) -> str:
+def _visible(text: str, width: int = 15) -> str:
     shown = text.replace("\n", "⏎").replace("\t", "→")
     return shown if len(shown) <= width else shown[: width - 1] + "…"
 
@@ -178,7 +178,8 @@ def _header(frame: CacheFrame, last_step: int | None) -> str:
     said = [f"step {frame.step}" + (f" / {last_step}" if last_step is not None else "")]
     for request_id in frame.admitted:
         found = frame.cache_hits.get(request_id, 0)
-        said.append(f"{html.escape(request_id)} admitted, " + (f"{found} tokens found cached" if found else "no hit"))
+        said.append(f"request {html.escape(request_id)} admitted, "
+                    + (f"{found} tokens found cached" if found else "no hit"))
     if frame.new_blocks:
         said.append(f"{len(frame.new_blocks)} block{'s' if len(frame.new_blocks) > 1 else ''} cached")
     if frame.evicted:
