@@ -53,6 +53,7 @@ def test_a_hit_lights_up_its_path_and_is_counted(model):
     assert "request 1 admitted, 16 tokens found cached" in page
     assert page.count("stroke=\"#e67e22\"") == 4  # the four shared blocks drawn with the hit colour
     assert "held by 2" in page
+    assert f"data-step='{second.step}'" in page  # the browser test finds each frame's picture by its step
 
 
 def test_layout_gives_each_branch_a_row():

@@ -171,7 +171,8 @@ def render_frame(frame: CacheFrame, decode: Callable[[list[int]], str], last_ste
               f"<span style='color:{NEW}'>□</span> cached this step")
     return (f"<div style='font-family:sans-serif;font-size:13px'><b>{_header(frame, last_step)}</b><br>"
             f"<span style='font-size:11px'>{legend}</span><br>"
-            f"<svg width='{width}' height='{height}' xmlns='http://www.w3.org/2000/svg'>{''.join(parts)}</svg></div>")
+            f"<svg class='prefix-tree' data-step='{frame.step}' width='{width}' height='{height}' "
+            f"xmlns='http://www.w3.org/2000/svg'>{''.join(parts)}</svg></div>")
 
 
 def _header(frame: CacheFrame, last_step: int | None) -> str:
