@@ -27,7 +27,7 @@ def model(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def engines_end_clean(monkeypatch):
     """After the test, every engine it built is idle: no request left, every batch slot free, and
-    (paged cache) every block back in the free queue with a zero reference count."""
+    (paged cache) no block held: each is free, or cached and evictable, with a zero reference count."""
     built: list[LLMEngine] = []
     init = LLMEngine.__init__
 

@@ -32,7 +32,8 @@ workload = st.lists(st.tuples(st.integers(0, 3),  # steps to run before it arriv
                               st.integers(0, len(PREFIXES) - 1),  # which shared prefix
                               st.integers(0, 40),  # how much of it (0..32: on and off block boundaries)
                               st.lists(st.integers(3, 255), max_size=10),  # its own tail
-                              st.integers(1, 10)),  # new tokens
+                              st.integers(1, 10),  # new tokens
+                              st.booleans()),  # sampled with a seed instead of greedy
                     min_size=1, max_size=8)
 
 
@@ -41,7 +42,9 @@ workload = st.lists(st.tuples(st.integers(0, 3),  # steps to run before it arriv
        abort_at=st.one_of(st.none(), st.tuples(st.integers(0, 7), st.integers(0, 6))))
 def test_shared_prefixes_give_the_same_tokens_with_and_without_the_cache(model, arrivals, block_size, spare_blocks,
                                                                          abort_at):
-    requests = [(wait, (PREFIXES[p][:cut] + tail) or [5], n) for wait, p, cut, tail, n in arrivals]
+    requests = [(wait, (PREFIXES[p][:cut] + tail) or [5], n) for wait, p, cut, tail, n, _ in arrivals]
+    params = [SamplingParams(temperature=0.8, top_p=0.9, seed=i, max_new_tokens=n, ignore_eos=True) if sampled
+              else greedy(n) for i, (_, _, _, _, n, sampled) in enumerate(arrivals)]
     longest = max(len(prompt) + n for _, prompt, n in requests)
     num_blocks = -(-longest // block_size) + spare_blocks  # small: cached blocks get evicted, requests preempted
     results = {}
@@ -49,11 +52,11 @@ def test_shared_prefixes_give_the_same_tokens_with_and_without_the_cache(model, 
         engine = cached_engine(model, block_size, num_blocks, prefix_cache)
         for repeat in range(2):  # the second round finds the first round's blocks (fully cached prompts too)
             ids = []
-            for wait, prompt, n in requests:
+            for (wait, prompt, _), p in zip(requests, params):
                 for _ in range(wait):
                     if engine.has_unfinished():
                         engine.step()
-                ids.append(engine.add_request(prompt, greedy(n)).request_id)
+                ids.append(engine.add_request(prompt, p).request_id)
             step = 0
             while engine.has_unfinished():
                 if abort_at is not None and repeat == 0 and step == abort_at[1] and abort_at[0] < len(ids):
@@ -65,10 +68,12 @@ def test_shared_prefixes_give_the_same_tokens_with_and_without_the_cache(model, 
                 engine.release(i)
     for repeat in range(2):
         plain, cached = results[False, repeat], results[True, repeat]
-        for (_, prompt, n), a, b in zip(requests, plain, cached):
+        for (_, prompt, n), p, a, b in zip(requests, params, plain, cached):
             if a.finish_reason == "abort" or b.finish_reason == "abort":
                 continue  # the abort may land at a different token with and without the cache
-            assert a.token_ids == b.token_ids == _reference(model, tuple(prompt), n)
+            assert a.token_ids == b.token_ids  # seeded sampling too: the cache changes no token
+            if p.greedy:
+                assert a.token_ids == _reference(model, tuple(prompt), n)
 
 
 def test_a_repeated_prompt_is_served_from_the_cache(model):
