@@ -24,7 +24,8 @@ from minillm.trace import Trace
 from widgets.animation import Animation
 from widgets.slot_timeline import frame_steps
 
-BOX_W, BOX_H, GAP_X, ROW_H, LEFT, TOP = 124, 34, 16, 46, 8, 34
+BOX_W, BOX_H, GAP_X, ROW_H, LEFT, TOP = 106, 46, 14, 56, 8, 34
+LINE_CHARS = 14  # characters of a block's text per line; two lines are shown, the tooltip has it all
 MAX_ROWS = 14
 HELD, EVICTABLE, HIT, NEW = "#2a7", "#bbb", "#e67e22", "#1f77b4"
 
@@ -122,9 +123,12 @@ def layout(nodes: Sequence[TreeNode]) -> dict[int, tuple[int, int]]:
     return place
 
 
-def _visible(text: str, width: int = 15) -> str:
+def _visible(text: str, width: int = LINE_CHARS) -> tuple[str, str]:
+    """A block's text on two lines of `width` characters, newlines and tabs made visible."""
     shown = text.replace("\n", "⏎").replace("\t", "→")
-    return shown if len(shown) <= width else shown[: width - 1] + "…"
+    if len(shown) > 2 * width:
+        shown = shown[: 2 * width - 1] + "…"
+    return shown[:width], shown[width:]
 
 
 def _ordinal(n: int) -> str:
@@ -145,6 +149,9 @@ def render_frame(frame: CacheFrame, decode: Callable[[list[int]], str], last_ste
             continue
         column, row = shown[node.block]
         x, y = LEFT + column * (BOX_W + GAP_X), TOP + row * ROW_H
+        if node.parent == -1 and row > 0:  # a new tree: a prompt sharing no block with those above
+            parts.append(f'<line x1="{LEFT}" y1="{y - 6}" x2="{width - 4}" y2="{y - 6}" stroke="#bbb" '
+                         'stroke-dasharray="4 3"/>')
         if node.parent in shown:
             pc, pr = shown[node.parent]
             px, py = LEFT + pc * (BOX_W + GAP_X) + BOX_W, TOP + pr * ROW_H + BOX_H / 2
@@ -154,12 +161,15 @@ def render_frame(frame: CacheFrame, decode: Callable[[list[int]], str], last_ste
             "#555", 1)
         status = f"held by {node.ref_count}" if node.ref_count else f"evict {_ordinal(node.lru_rank + 1)}"
         text = decode(list(node.token_ids))
+        first, second = _visible(text)
         tip = html.escape(f"block {node.block}: {text!r} ({len(node.token_ids)} tokens), {status}")
         parts.append(f'<g><title>{tip}</title><rect x="{x}" y="{y}" width="{BOX_W}" height="{BOX_H}" rx="4" '
                      f'fill="{fill}" fill-opacity="0.35" stroke="{stroke}" stroke-width="{stroke_width}"/>'
-                     f'<text x="{x + 5}" y="{y + 13}" font-size="11" font-family="monospace">'
-                     f'{html.escape(_visible(text))}</text>'
-                     f'<text x="{x + 5}" y="{y + 27}" font-size="10" fill="#333">#{node.block} · {status}</text></g>')
+                     f'<text x="{x + 5}" y="{y + 13}" font-size="11" font-family="monospace" xml:space="preserve">'
+                     f'{html.escape(first)}</text>'
+                     f'<text x="{x + 5}" y="{y + 26}" font-size="11" font-family="monospace" xml:space="preserve">'
+                     f'{html.escape(second)}</text>'
+                     f'<text x="{x + 5}" y="{y + 40}" font-size="10" fill="#333">#{node.block} · {status}</text></g>')
     if rows > MAX_ROWS:
         parts.append(f'<text x="{LEFT}" y="{height - 2}" font-size="11" fill="#666">… and {rows - MAX_ROWS} more '
                      'branches</text>')
@@ -168,7 +178,8 @@ def render_frame(frame: CacheFrame, decode: Callable[[list[int]], str], last_ste
     legend = (f"<span style='color:{HELD}'>■</span> held by running requests &nbsp; "
               f"<span style='color:#999'>■</span> cached, evictable (nth = its place in the eviction queue) &nbsp; "
               f"<span style='color:{HIT}'>□</span> shared by a hit this step &nbsp; "
-              f"<span style='color:{NEW}'>□</span> cached this step")
+              f"<span style='color:{NEW}'>□</span> cached this step &nbsp; "
+              "(hover over a block for its whole text; a dashed line separates prompts that share nothing)")
     return (f"<div style='font-family:sans-serif;font-size:13px'><b>{_header(frame, last_step)}</b><br>"
             f"<span style='font-size:11px'>{legend}</span><br>"
             f"<svg class='prefix-tree' data-step='{frame.step}' width='{width}' height='{height}' "

@@ -53,7 +53,7 @@ class Exercise:
     def case(self, fn: Callable[[Any], None]) -> Callable[[Any], None]:
         """Decorator: register `fn` as a case. The rule it checks is its docstring's first line, or
         else its name with spaces."""
-        title = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else fn.__name__.replace("_", " ")
+        title = (fn.__doc__ or "").strip().splitlines()[0].rstrip(".") if fn.__doc__ else fn.__name__.replace("_", " ")
         self.cases.append(Case(title, fn))
         return fn
 

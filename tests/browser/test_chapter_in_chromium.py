@@ -396,6 +396,16 @@ def _check_saved_pictures(walk: Walk) -> None:
     _check_outputs_show_no_repr(walk, cells, "before running")
 
 
+def _check_opening_changes_nothing(walk: Walk) -> None:
+    """Opening a chapter must not mark it modified: JupyterLab's autosave would then write it back, and
+    with the widget manager's "save widget state" on, it writes the saved widgets away (their models are
+    replaced by the kernel's, which has none yet)."""
+    dirty = walk.page.evaluate("() => !!document.querySelector('.lm-TabBar-tab.lm-mod-current.jp-mod-dirty')")
+    if dirty:
+        walk.problem("opening the chapter marked it modified (●) before anything ran: autosave would overwrite "
+                     "its saved widget state")
+
+
 def _run_all(walk: Walk) -> list[dict]:
     """Run ▸ Run All Cells, then wait until every code cell has run in this session (or one failed)."""
     page = walk.page
@@ -583,6 +593,7 @@ def test_chapter_in_jupyterlab(lab, browser, chapter: Path):
         _open(walk, lab, rel)
         _check_kernel(walk, lab, rel)
         _check_saved_pictures(walk)
+        _check_opening_changes_nothing(walk)
         walk.shot("-before-run")
         cells = _run_all(walk)
         _check_ran_cleanly(walk, cells)
