@@ -16,12 +16,14 @@ request carries on with exactly the tokens it would have had.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import math
+import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -364,12 +366,33 @@ class LLM:
                 except Exception as err:  # of any type: it is this request's error, not the call's
                     refused[request_id] = RequestOutput(request_id, prompt if isinstance(prompt, str) else None, [],
                                                         "", [], "error", RequestMetrics(arrival), error=str(err))
-            with tqdm(total=len(ids) - len(refused), desc="generate", unit="req", disable=not use_tqdm) as bar:
+            with (tqdm(total=len(ids) - len(refused), desc="generate", unit="req", disable=not use_tqdm) as bar,
+                  _interrupts_between_steps() as interrupted):
                 while engine.has_unfinished():
                     bar.update(sum(u.finished for u in engine.step()))
+                    if interrupted():
+                        raise KeyboardInterrupt
             return [refused[i] if i in refused else engine.output(i) for i in ids]
         finally:  # delivered, or abandoned by an exception: either way the call's requests leave the engine
             for request_id in ids:
                 if request_id in engine.requests:
                     engine.abort(request_id)
                     engine.release(request_id)
+
+
+@contextlib.contextmanager
+def _interrupts_between_steps() -> Iterator[Callable[[], bool]]:
+    """Ctrl-C (a notebook's stop button) lands between two engine steps, never inside one: a step
+    interrupted halfway could leave the scheduler's and the block pool's books half-updated. In the
+    main thread, SIGINT is only noted while the block runs; the caller asks `interrupted()` after each
+    step and raises KeyboardInterrupt itself. Elsewhere (no signals there) nothing changes."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) in (
+            signal.SIG_IGN, None):
+        yield lambda: False
+        return
+    noted: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum))
+    try:
+        yield lambda: bool(noted)
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -302,6 +302,34 @@ def test_keyboard_interrupt_aborts_the_calls_requests(model, when):
     assert [o.token_ids for o in again] == [_reference(model, p, 12) for p in PROMPTS]
 
 
+def test_ctrl_c_during_a_step_lands_after_it_and_leaves_the_prefix_cache_sound(model):
+    """A real SIGINT arriving mid-step (found by a probe: one landing inside the block pool's eviction left a
+    block cached but neither held nor evictable, and every later hit on it failed) is held until the step
+    ends; generate then raises KeyboardInterrupt with the books balanced."""
+    import os
+    import signal
+
+    llm = tiny_llm(model, "paged", prefix_cache=True)
+    shared = list(range(40, 72))
+    llm.generate([shared + [1]], GREEDY, use_tqdm=False)  # cache the shared blocks
+    finished_steps = []
+
+    def ctrl_c(step, output):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # arrives while the step is running
+        finished_steps.append(step)
+
+    inject(llm.engine, ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate([shared + [2], shared + [3]], GREEDY, use_tqdm=False)
+    assert finished_steps == [0, 1, 2]  # the interrupted step ran to its end, no further step began
+    pool = llm.engine.pool
+    assert not llm.engine.requests and pool.is_idle
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is given back
+    again = llm.generate([shared + [4]], GREEDY, use_tqdm=False)[0]
+    assert again.num_cached_tokens > 0 and again.token_ids == _reference(model, tuple(shared + [4]), 12)
+
+
 # ----------------------------------------------------------------------------- stop precedence
 def test_a_stop_on_the_last_allowed_token_reports_stop(model):
     """A stop string or stop token beats length when both land on the same token, as in chapter 1."""

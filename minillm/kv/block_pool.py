@@ -77,9 +77,10 @@ class BlockPool:
     def _evict(self) -> int:
         """The least recently used evictable block, its key forgotten. Its descendants are forgotten
         too (no lookup can reach them now); those nobody holds go to the free queue."""
-        block, _ = self.evictable.popitem(last=False)
-        victim, *descendants = self.cache.forget(block)
-        self._log("evict", victim)
+        block = next(iter(self.evictable))  # the least recently used; forgotten before it leaves the queue
+        descendants = self.cache.forget(block)[1:]
+        del self.evictable[block]
+        self._log("evict", block)
         for other in descendants:
             self._log("forget", other)
             if other in self.evictable:
