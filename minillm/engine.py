@@ -222,6 +222,16 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ the loop
     def step(self) -> list[StepUpdate]:
+        """Advance every running request by one forward pass. A Ctrl-C (SIGINT) arriving meanwhile is
+        held until the step has ended — a step cut in the middle could leave the scheduler's and the
+        block pool's books half-updated — and then raised as KeyboardInterrupt, the step complete."""
+        with _interrupts_between_steps() as interrupted:
+            updates = self._step()
+        if interrupted():
+            raise KeyboardInterrupt
+        return updates
+
+    def _step(self) -> list[StepUpdate]:
         start = time.perf_counter()
         output = self.scheduler.schedule()
         result = self._execute(output)
@@ -366,12 +376,9 @@ class LLM:
                 except Exception as err:  # of any type: it is this request's error, not the call's
                     refused[request_id] = RequestOutput(request_id, prompt if isinstance(prompt, str) else None, [],
                                                         "", [], "error", RequestMetrics(arrival), error=str(err))
-            with (tqdm(total=len(ids) - len(refused), desc="generate", unit="req", disable=not use_tqdm) as bar,
-                  _interrupts_between_steps() as interrupted):
+            with tqdm(total=len(ids) - len(refused), desc="generate", unit="req", disable=not use_tqdm) as bar:
                 while engine.has_unfinished():
                     bar.update(sum(u.finished for u in engine.step()))
-                    if interrupted():
-                        raise KeyboardInterrupt
             return [refused[i] if i in refused else engine.output(i) for i in ids]
         finally:  # delivered, or abandoned by an exception: either way the call's requests leave the engine
             for request_id in ids:
@@ -382,10 +389,9 @@ class LLM:
 
 @contextlib.contextmanager
 def _interrupts_between_steps() -> Iterator[Callable[[], bool]]:
-    """Ctrl-C (a notebook's stop button) lands between two engine steps, never inside one: a step
-    interrupted halfway could leave the scheduler's and the block pool's books half-updated. In the
-    main thread, SIGINT is only noted while the block runs; the caller asks `interrupted()` after each
-    step and raises KeyboardInterrupt itself. Elsewhere (no signals there) nothing changes."""
+    """Hold Ctrl-C (a notebook's stop button) while the block runs: in the main thread SIGINT is only
+    noted, and the caller asks `interrupted()` afterwards. In other threads (signals never reach them)
+    nothing changes."""
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) in (
             signal.SIG_IGN, None):
         yield lambda: False

@@ -330,6 +330,22 @@ def test_ctrl_c_during_a_step_lands_after_it_and_leaves_the_prefix_cache_sound(m
     assert again.num_cached_tokens > 0 and again.token_ids == _reference(model, tuple(shared + [4]), 12)
 
 
+def test_ctrl_c_in_a_hand_driven_step_loop_lands_after_the_step(model):
+    """Notebooks drive engine.step() themselves: the interrupt waits for the step there too."""
+    import os
+    import signal
+
+    engine = tiny_engine(model, "paged", prefix_cache=True)
+    inject(engine, lambda step, output: os.kill(os.getpid(), signal.SIGINT) if step == 1 else None)
+    request = engine.add_request([5, 6, 7, 8, 9], GREEDY)
+    engine.step()
+    with pytest.raises(KeyboardInterrupt):
+        engine.step()
+    assert request.num_output_tokens == 2  # the interrupted step produced its token
+    engine.abort(request.request_id)
+    assert engine.pool.is_idle
+
+
 # ----------------------------------------------------------------------------- stop precedence
 def test_a_stop_on_the_last_allowed_token_reports_stop(model):
     """A stop string or stop token beats length when both land on the same token, as in chapter 1."""
