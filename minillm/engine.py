@@ -17,6 +17,7 @@ request carries on with exactly the tokens it would have had.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import math
@@ -99,6 +100,7 @@ class LLMEngine:
         self._ids = itertools.count()
         self._t0 = time.perf_counter()
         self.lock = threading.RLock()
+        self._in_step = False  # aborts inside a step are recorded by the step itself
 
     def _make_kv_cache(self) -> tuple[ContiguousKVCache | PagedKVCache, BlockPool | None]:
         """A contiguous cache (a max_model_len slot per batch slot), or a paged cache sized from a byte
@@ -205,7 +207,21 @@ class LLMEngine:
         self.scheduler.finish(request, reason)
         request.error = error
         request.metrics.finish_time = time.perf_counter()
+        if not self._in_step:
+            self._record_between_steps()
         return True
+
+    def _record_between_steps(self) -> None:
+        """An abort between two steps changes the block pool too (its blocks are released): fold that
+        into the last step's record, which then shows the state after that step and the aborts that
+        followed it — so that a replay of the trace always ends where the engine is."""
+        if self.pool is None or not self.trace.steps:
+            return
+        running = self.scheduler.running
+        self.trace.steps[-1] = dataclasses.replace(
+            self.trace.steps[-1], kv_events=self.trace.steps[-1].kv_events + tuple(self.pool.drain_events()),
+            kv_tokens={r.request_id: r.num_computed_tokens for r in running},
+            blocks={r.request_id: tuple(self.pool.block_table(r.request_id)) for r in running})
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -226,7 +242,11 @@ class LLMEngine:
         held until the step has ended — a step cut in the middle could leave the scheduler's and the
         block pool's books half-updated — and then raised as KeyboardInterrupt, the step complete."""
         with _interrupts_between_steps() as interrupted:
-            updates = self._step()
+            self._in_step = True
+            try:
+                updates = self._step()
+            finally:
+                self._in_step = False
         if interrupted():
             raise KeyboardInterrupt
         return updates

@@ -92,3 +92,19 @@ def test_the_widget_refuses_a_trace_without_cache_events_or_with_dropped_steps(m
     dropped = Trace(1, [StepRecord(5, 0.0, 0.0, (None,), (), ())], num_dropped=5)
     with pytest.raises(ValueError, match="dropped"):
         replay(dropped)
+
+
+def test_an_abort_after_the_last_step_is_in_the_replay(model):
+    """Found by a probe: blocks released by an abort between steps never reached the trace, so the replay
+    ended with them still held."""
+    config = EngineConfig(kv="paged", block_size=4, max_num_seqs=2, max_model_len=64, prefix_cache=True,
+                          kv_cache_bytes=paged_budget(model, 4, 32))
+    engine = LLMEngine(model, ByteTokenizer(), config)
+    request = engine.add_request(list(range(40, 53)), SamplingParams(temperature=0, max_new_tokens=20, ignore_eos=True))
+    for _ in range(3):
+        engine.step()
+    engine.abort(request.request_id)  # no step follows
+    final = replay(engine.trace)[-1]
+    assert all(n.ref_count == 0 for n in final.nodes)
+    assert [n.block for n in sorted(final.nodes, key=lambda n: n.lru_rank)] == list(engine.pool.evictable)
+    assert engine.trace.steps[-1].blocks == {} and not engine.pool.events
