@@ -12,6 +12,10 @@ refused before it is queued. If a step raises anyway (a kernel failure, a defect
 the step's requests are run again one at a time to find whose it is: that request ends with
 finish_reason "error" and the exception's text, its slot and KV blocks are freed, and every other
 request carries on with exactly the tokens it would have had.
+
+Ctrl-C is held until the running step ends. Other signal handlers that raise (a SIGALRM timeout
+around `generate`) can still land inside the books and are not supported: give a request a
+deadline with `abort()`, or `asyncio.wait_for` on `AsyncLLM`.
 """
 
 from __future__ import annotations
@@ -169,8 +173,9 @@ class LLMEngine:
             self._check_fits_paged(len(ids), params)
         request = Request(request_id, ids, params, arrival_time if arrival_time is not None else time.perf_counter(),
                           prompt=prompt if isinstance(prompt, str) else None)
+        detokenizer = IncrementalDetokenizer(self.tokenizer, ids, params.stop)
+        self.detokenizers[request_id] = detokenizer
         self.requests[request_id] = request
-        self.detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, ids, params.stop)
         self.scheduler.add(request)
         return request
 
@@ -259,14 +264,20 @@ class LLMEngine:
         advanced = self.scheduler.update(output, result.sampled)
         now = time.perf_counter()
         for request in advanced:
-            try:
-                delta = self._emit(request, now)
-            except Exception as err:  # a tokenizer that cannot decode its token: this request alone
-                self.fail(request.request_id, err)
-                delta = ""
-            updates.append(StepUpdate(request.request_id, delta, request.status.is_done))
+            updates.append(StepUpdate(request.request_id, self._emit(request, now), request.status.is_done))
+        if output.is_empty and self.scheduler.waiting and not self.scheduler.running:
+            self._refuse_stuck(self.scheduler.waiting[0])
         self._record(output, start, now)
         return updates
+
+    def _refuse_stuck(self, request: Request) -> None:
+        """Nothing ran, nothing is running, yet the queue's head was not admitted: it never will be
+        (the checks at the door should have refused it — a defect, or memory lost to one). Fail it
+        rather than loop forever on empty steps."""
+        free = self.pool.num_free_blocks if self.pool is not None else None
+        self.fail(request.request_id, f"request could not be admitted into an idle engine ({request.num_tokens} "
+                                      f"tokens; {free} KV blocks free)" if free is not None else
+                  f"request could not be admitted into an idle engine ({request.num_tokens} tokens)")
 
     def _execute(self, output: SchedulerOutput) -> StepResult:
         """Run the step. If the forward pass raises, run each request alone to find whose fault it
@@ -294,14 +305,21 @@ class LLMEngine:
         need the text, so the stop rules are judged here), and return the token's new text."""
         request.metrics.record_token(now)
         detok = self.detokenizers[request.request_id]
-        delta = detok.push(request.output_token_ids[-1])
+        try:
+            delta = detok.push(request.output_token_ids[-1])
+        except Exception as err:  # a tokenizer that cannot decode its token: this request alone fails
+            self.fail(request.request_id, err)
+            return ""
         reason = stop_reason(request.output_token_ids, request.num_prompt_tokens, request.params,
                              self.model.config.eos_token_ids, self.max_model_len,
                              stop_string_found=detok.stopped_by is not None)
-        if reason is not None:
+        if reason is not None:  # an error while retiring it is the engine's, not the request's: it propagates
             self.scheduler.finish(request, reason)
             request.metrics.finish_time = now
-            delta += detok.flush()
+            try:
+                delta += detok.flush()
+            except Exception as err:  # the text's last piece is lost; its tokens are complete
+                request.error = f"{type(err).__name__}: {err}"
         return delta
 
     def _record(self, output: SchedulerOutput, start: float, end: float) -> None:
@@ -336,7 +354,8 @@ class LLMEngine:
     def release(self, request_id: str) -> None:
         """Forget a finished request (its output has been delivered)."""
         if self.requests[request_id].status.is_done:
-            del self.requests[request_id], self.detokenizers[request_id]
+            del self.requests[request_id]
+            self.detokenizers.pop(request_id, None)
 
 
 class LLM:

@@ -346,6 +346,50 @@ def test_ctrl_c_in_a_hand_driven_step_loop_lands_after_the_step(model):
     assert engine.pool.is_idle
 
 
+def test_an_error_while_retiring_a_request_is_not_swallowed(model):
+    """Found by a probe: an exception from the scheduler while it retired a finished request was caught as
+    if the detokenizer had failed; generate returned "length" and the request kept its blocks forever."""
+    llm = tiny_llm(model, "paged", prefix_cache=True)
+    pool, free = llm.engine.pool, llm.engine.pool.free
+    calls = []
+
+    def free_fails_once(request_id):
+        calls.append(request_id)
+        if len(calls) == 1:
+            raise RuntimeError("pool bookkeeping failed")
+        free(request_id)
+
+    pool.free = free_fails_once
+    with pytest.raises(RuntimeError, match="bookkeeping"):
+        llm.generate([[5, 6, 7]], GREEDY, use_tqdm=False)
+    assert not llm.engine.requests and pool.is_idle  # generate's cleanup released it after all
+
+
+def test_an_interrupt_inside_add_request_stays_an_interrupt(model, monkeypatch):
+    """Found by a probe: Ctrl-C while a request was being stored surfaced as KeyError from the cleanup."""
+    llm = tiny_llm(model, "paged")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("minillm.engine.IncrementalDetokenizer", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate([[5, 6, 7], [8, 9]], GREEDY, use_tqdm=False)
+    assert not llm.engine.requests and not llm.engine.detokenizers and llm.engine.pool.is_idle
+
+
+def test_a_request_that_cannot_be_admitted_into_an_idle_engine_fails_instead_of_hanging(model):
+    """Found by a probe: with a block lost (there, to an exception mid-allocation), a request needing every
+    block passed the door but was never admitted, and generate ran empty steps forever."""
+    llm = tiny_llm(model, "paged")  # 12 blocks of 8 tokens
+    lost = llm.engine.pool.take(6)  # 6 left; the prompt needs 7
+    out = llm.generate([list(range(3, 53))], SamplingParams(temperature=0, max_new_tokens=6, ignore_eos=True),
+                       use_tqdm=False)[0]
+    assert out.finish_reason == "error" and "could not be admitted" in out.error
+    llm.engine.pool.decref(lost)
+    assert llm.engine.pool.is_idle
+
+
 # ----------------------------------------------------------------------------- stop precedence
 def test_a_stop_on_the_last_allowed_token_reports_stop(model):
     """A stop string or stop token beats length when both land on the same token, as in chapter 1."""

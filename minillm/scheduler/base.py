@@ -85,6 +85,8 @@ class Scheduler:
         its slot and KV blocks. A request that is already done is left as it is."""
         if request.status.is_done:
             return
+        if self.pool is not None and request.request_id in self.pool.tables:
+            self.pool.free(request.request_id)  # first: a request is never done while it still holds blocks
         request.finish_reason = reason
         request.status = FINAL_STATUS.get(reason, RequestStatus.FINISHED)
         if request in self.waiting:
@@ -92,8 +94,6 @@ class Scheduler:
         if request in self.running:
             self.running.remove(request)
             self._release_slot(request)
-        if self.pool is not None and request.request_id in self.pool.tables:
-            self.pool.free(request.request_id)
         self._finished_ids.append(request.request_id)
 
     def _release_slot(self, request: Request) -> None:
