@@ -274,10 +274,9 @@ class LLMEngine:
         """Nothing ran, nothing is running, yet the queue's head was not admitted: it never will be
         (the checks at the door should have refused it — a defect, or memory lost to one). Fail it
         rather than loop forever on empty steps."""
-        free = self.pool.num_free_blocks if self.pool is not None else None
+        free = f"; {self.pool.num_free_blocks} KV blocks free" if self.pool is not None else ""
         self.fail(request.request_id, f"request could not be admitted into an idle engine ({request.num_tokens} "
-                                      f"tokens; {free} KV blocks free)" if free is not None else
-                  f"request could not be admitted into an idle engine ({request.num_tokens} tokens)")
+                                      f"tokens{free})")
 
     def _execute(self, output: SchedulerOutput) -> StepResult:
         """Run the step. If the forward pass raises, run each request alone to find whose fault it

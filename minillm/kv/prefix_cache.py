@@ -52,11 +52,6 @@ class CachedBlock:
     parent: CachedBlock | None
     children: list[CachedBlock] = field(default_factory=list)
 
-    @property
-    def depth(self) -> int:
-        """0 for a request's first block."""
-        return 0 if self.parent is None else self.parent.depth + 1
-
 
 class PrefixCache:
     """Key -> cached block, and block id -> its entry. Knows nothing of reference counts or free
