@@ -1,12 +1,14 @@
 """Widget rendering is a pure function of the data: checked here without a browser."""
 
+import json
 import re
+from pathlib import Path
 
 import pytest
 
 from minillm.trace import SlotState, StepRecord, Trace
 from widgets.prefill_decode import HARDWARE, MODELS, step_cost
-from widgets.quiz import Question, render_quiz
+from widgets.quiz import Question, load_questions, render_quiz
 from widgets.slot_timeline import frame_steps, render_frame, request_colour
 
 
@@ -87,3 +89,24 @@ def test_slot_timeline_names_the_step_and_carries_a_still():
     assert widget.slider.options[-1] == f"step {steps - 1} / {steps - 1}"  # the slider says what the panel says
     bundle = widget._repr_mimebundle_()
     assert 'class="slot-timeline"' in bundle["text/html"] and f'data-step="{steps - 1}"' in bundle["text/html"]
+
+
+CHAPTERS = sorted((Path(__file__).resolve().parents[1] / "chapters").glob("[0-9][0-9]_*.ipynb"))
+
+
+@pytest.mark.parametrize("notebook", CHAPTERS, ids=lambda p: p.stem)
+def test_each_chapter_shows_its_own_quiz_without_its_answers_in_view(notebook):
+    """The quiz cell names the chapter's own quiz module, and no answer index sits in the notebook's source."""
+    cells = json.loads(notebook.read_text())["cells"]
+    sources = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+    chapter = f"ch{notebook.name[:2]}"
+    assert sum(f'show_quiz("{chapter}")' in s for s in sources) == 1
+    assert not any("Question(" in s for s in sources)
+    questions = load_questions(chapter)
+    assert len(questions) >= 3 and all(isinstance(q, Question) for q in questions)
+
+
+@pytest.mark.parametrize("name", ["05", "ch5", "ch05; import os", "../ch05"])
+def test_a_quiz_is_named_like_ch05(name):
+    with pytest.raises(ValueError, match="named like"):
+        load_questions(name)

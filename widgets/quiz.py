@@ -7,11 +7,16 @@ before anything has run, in a notebook opened read-only, and on a code host's no
     quiz([Question("Where does the first token come from?",
                    ("An extra decode step", "The prefill's last logits"), answer=1,
                    explanation="Prefill already computes the last position's logits.")])
+
+A chapter's questions live in `quizzes/chNN.py` (a list `QUESTIONS`), not in the notebook, so the
+answers are not in view above the options; the notebook calls `show_quiz("chNN")`.
 """
 
 from __future__ import annotations
 
 import html
+import importlib
+import re
 from dataclasses import dataclass
 
 from IPython.display import HTML
@@ -65,3 +70,16 @@ def render_quiz(questions: list[Question]) -> str:
 
 def quiz(questions: list[Question]) -> HTML:
     return HTML(render_quiz(questions))
+
+
+def load_questions(chapter: str) -> list[Question]:
+    """`QUESTIONS` of quizzes/<chapter>.py, read afresh (an edited quiz shows without a kernel restart)."""
+    if not re.fullmatch(r"ch\d\d", chapter):
+        raise ValueError(f"a chapter is named like 'ch05', got {chapter!r}")
+    module = importlib.reload(importlib.import_module(f"quizzes.{chapter}"))
+    return list(module.QUESTIONS)
+
+
+def show_quiz(chapter: str) -> HTML:
+    """The quiz of one chapter ("ch05"), clickable."""
+    return quiz(load_questions(chapter))

@@ -1,0 +1,1 @@
+"""The chapters' quizzes, one module per chapter: `QUESTIONS`, shown by `widgets.quiz.show_quiz`."""
