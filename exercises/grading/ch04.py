@@ -6,37 +6,19 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from exercises.grading.core import call, exercise, expect, expect_raises
+from exercises.grading.core import Story, call, exercise, expect, expect_raises
 
 # ----------------------------------------------------------------------------- ch04.allocate
 
 allocate = exercise("ch04.allocate", "ch04_block_allocator", "BlockAllocator")
 
 
-class _Pool:
-    """The learner's allocator, and the story of the calls made on it (the 'given' of messages)."""
-
+class _Pool(Story):
     def __init__(self, cls: Any, num_blocks: int, block_size: int):
-        self.story = f"BlockAllocator(num_blocks={num_blocks}, block_size={block_size})"
-        self.pool = call(self.story, "an allocator", cls, num_blocks, block_size)
-
-    def do(self, want: Any, method: str, *args: Any) -> Any:
-        """Call `method(*args)`; its result must equal `want` (unless want is None)."""
-        self.story += f", {method}({', '.join(map(repr, args))})"
-        expected = "no error" if want is None else f"it to return {want!r}"
-        got = call(self.story, expected, lambda: getattr(self.pool, method)(*args))
-        if want is not None:
-            expect(isinstance(got, list) and got == want, self.story, expected, repr(got))
-        return got
-
-    def fails(self, error: type[Exception], method: str, *args: Any) -> None:
-        self.story += f", {method}({', '.join(map(repr, args))})"
-        expect_raises(error, self.story, lambda: getattr(self.pool, method)(*args))
+        super().__init__("BlockAllocator", cls, num_blocks=num_blocks, block_size=block_size)
 
     def expect_state(self, free_queue: list[int], ref_counts: list[int], why: str) -> None:
-        got = (list(self.pool.free_queue), list(self.pool.ref_counts))
-        expect(got == (free_queue, ref_counts), f"after {self.story}",
-               f"free_queue {free_queue}, ref_counts {ref_counts} ({why})", f"free_queue {got[0]}, ref_counts {got[1]}")
+        super().expect_state(why, free_queue=free_queue, ref_counts=ref_counts)
 
 
 @allocate.case

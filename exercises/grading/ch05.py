@@ -8,7 +8,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from exercises.grading.core import call, exercise, expect, expect_raises
+from exercises.grading.core import Story, call, exercise, expect
 
 # ----------------------------------------------------------------------------- ch05.block_keys
 
@@ -103,33 +103,13 @@ def equals_the_keys_the_engines_prefix_cache_stored(fn: Callable) -> None:
 evict = exercise("ch05.evict", "ch05_evicting_allocator", "EvictingAllocator")
 
 
-class _Allocator:
-    """The learner's allocator, and the story of the calls made on it (the 'given' of messages)."""
-
+class _Allocator(Story):
     def __init__(self, cls: Any, num_blocks: int):
-        self.story = f"EvictingAllocator({num_blocks})"
-        self.impl = call(self.story, "an allocator", cls, num_blocks)
-
-    def do(self, want: Any, method: str, *args: Any) -> Any:
-        self.story += f", {method}({', '.join(map(repr, args))})"
-        expected = "no error" if want is None else f"it to return {want!r}"
-        got = call(self.story, expected, lambda: getattr(self.impl, method)(*args))
-        if want is not None:
-            expect(isinstance(got, list) and got == want, self.story, expected, repr(got))
-        return got
-
-    def fails(self, error: type[Exception], method: str, *args: Any) -> None:
-        self.story += f", {method}({', '.join(map(repr, args))})"
-        expect_raises(error, self.story, lambda: getattr(self.impl, method)(*args))
+        super().__init__("EvictingAllocator", cls, num_blocks)
 
     def expect_state(self, free_queue: list[int], evictable: list[int], ref_counts: list[int], cached: set[int],
                      why: str) -> None:
-        impl = self.impl
-        got = (list(impl.free_queue), list(impl.evictable), list(impl.ref_counts), set(impl.cached))
-        want = (free_queue, evictable, ref_counts, cached)
-        names = ("free_queue", "evictable", "ref_counts", "cached")
-        show = lambda state: ", ".join(f"{n} {sorted(v) if isinstance(v, set) else v}" for n, v in zip(names, state))  # noqa: E731
-        expect(got == want, f"after {self.story}", f"{show(want)} ({why})", show(got))
+        super().expect_state(why, free_queue=free_queue, evictable=evictable, ref_counts=ref_counts, cached=cached)
 
 
 @evict.case

@@ -79,10 +79,10 @@ def expect(ok: bool, given: str, expected: object, got: object) -> None:
         fail(given, expected, got)
 
 
-def call(given: str, expected: object, fn: Callable, *args: Any) -> Any:
+def call(given: str, expected: object, fn: Callable, *args: Any, **kwargs: Any) -> Any:
     """`fn(*args)`: the learner's code. A crash fails the case, naming the input and the expected."""
     try:
-        return fn(*args)
+        return fn(*args, **kwargs)
     except (NotImplementedError, Failure):
         raise
     except Exception as err:
@@ -100,6 +100,42 @@ def expect_raises(error: type[Exception], given: str, fn: Callable, *args: Any) 
     except Exception as err:
         fail(given, error.__name__, crash(err))
     fail(given, error.__name__, "no error")
+
+
+class Story:
+    """An object of the learner's, and the story of the calls made on it: the "given" of every message.
+
+        Story("BlockAllocator", cls, num_blocks=5).do([0, 1], "allocate", 2)
+        given: BlockAllocator(num_blocks=5), allocate(2)   expected: it to return [0, 1]
+    """
+
+    def __init__(self, name: str, cls: Any, *args: Any, **kwargs: Any):
+        shown = [*map(repr, args), *(f"{key}={value!r}" for key, value in kwargs.items())]
+        self.story = f"{name}({', '.join(shown)})"
+        self.impl = call(self.story, f"a {name}", cls, *args, **kwargs)
+
+    def do(self, want: Any, method: str, *args: Any) -> Any:
+        """Call `method(*args)`; it must return the list `want` (anything, when want is None)."""
+        self.story += f", {method}({', '.join(map(repr, args))})"
+        expected = "no error" if want is None else f"it to return {want!r}"
+        got = call(self.story, expected, lambda: getattr(self.impl, method)(*args))
+        if want is not None:
+            expect(isinstance(got, list) and got == want, self.story, expected, repr(got))
+        return got
+
+    def fails(self, error: type[Exception], method: str, *args: Any) -> None:
+        """Call `method(*args)`; it must raise `error`."""
+        self.story += f", {method}({', '.join(map(repr, args))})"
+        expect_raises(error, self.story, lambda: getattr(self.impl, method)(*args))
+
+    def expect_state(self, why: str, **want: list | set) -> None:
+        """Each named attribute, read as a list (or a set, where `want` gives a set), must equal `want`'s."""
+        got = {name: self._read(name, set if isinstance(value, set) else list) for name, value in want.items()}
+        show = lambda state: ", ".join(f"{n} {sorted(v) if isinstance(v, set) else v}" for n, v in state.items())  # noqa: E731
+        expect(got == want, f"after {self.story}", f"{show(want)} ({why})", show(got))
+
+    def _read(self, name: str, kind: type) -> list | set:
+        return call(f"after {self.story}", f"an attribute {name}", lambda: kind(getattr(self.impl, name)))
 
 
 def crash(err: BaseException) -> str:
