@@ -1,8 +1,4 @@
-"""The quiz of chapter 0 — Setting up: the course, your machine, and the model we will serve.
-
-The notebook shows it with `show_quiz("ch00")`, one click per option. The answers are written
-below: try the quiz in the notebook first.
-"""
+"""Chapter 0's quiz: the answers are below, so try it in the notebook first."""
 
 from widgets.quiz import Question
 

@@ -1,8 +1,4 @@
-"""The quiz of chapter 1 — Generating text: the naive loop, the KV cache, prefill and decode.
-
-The notebook shows it with `show_quiz("ch01")`, one click per option. The answers are written
-below: try the quiz in the notebook first.
-"""
+"""Chapter 1's quiz: the answers are below, so try it in the notebook first."""
 
 from widgets.quiz import Question
 

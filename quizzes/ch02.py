@@ -1,8 +1,4 @@
-"""The quiz of chapter 2 — Static batching: many requests, one forward pass.
-
-The notebook shows it with `show_quiz("ch02")`, one click per option. The answers are written
-below: try the quiz in the notebook first.
-"""
+"""Chapter 2's quiz: the answers are below, so try it in the notebook first."""
 
 from widgets.quiz import Question
 

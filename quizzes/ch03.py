@@ -1,8 +1,4 @@
-"""The quiz of chapter 3 — Continuous batching: refill every slot, every step.
-
-The notebook shows it with `show_quiz("ch03")`, one click per option. The answers are written
-below: try the quiz in the notebook first.
-"""
+"""Chapter 3's quiz: the answers are below, so try it in the notebook first."""
 
 from widgets.quiz import Question
 

@@ -1,8 +1,4 @@
-"""The quiz of chapter 4 — Paged KV cache: memory in blocks, not slabs.
-
-The notebook shows it with `show_quiz("ch04")`, one click per option. The answers are written
-below: try the quiz in the notebook first.
-"""
+"""Chapter 4's quiz: the answers are below, so try it in the notebook first."""
 
 from widgets.quiz import Question
 

@@ -1,8 +1,4 @@
-"""The quiz of chapter 5 — Prefix cache: compute a shared beginning once.
-
-The notebook shows it with `show_quiz("ch05")`, one click per option. The answers are written
-below: try the quiz in the notebook first.
-"""
+"""Chapter 5's quiz: the answers are below, so try it in the notebook first."""
 
 from widgets.quiz import Question
 
