@@ -76,6 +76,9 @@ def test_the_widget_animates_the_steps_where_the_cache_changed(model):
     pictures = {child.value for child in widget.stacks[0].children}
     assert len(pictures) == len(widget.stacks[0].children)  # every frame shows something new
     assert widget.slider.options[0].startswith("step 0 /")
+    last = engine.trace.steps[-1].step
+    assert widget.slider.options[-1] == f"step {last} / {last}", "the slider must end where the trace ends"
+    assert "viewBox=" in widget.still_html() and "max-width:100%" in widget.still_html()  # fits a narrow page
     assert "The system says" not in widget.still_html()  # blocks are cut at 4 tokens: "The ", "syst", ...
     assert "syst" in widget.still_html()
 

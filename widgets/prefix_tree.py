@@ -183,6 +183,7 @@ def render_frame(frame: CacheFrame, decode: Callable[[list[int]], str], last_ste
     return (f"<div style='font-family:sans-serif;font-size:13px'><b>{_header(frame, last_step)}</b><br>"
             f"<span style='font-size:11px'>{legend}</span><br>"
             f"<svg class='prefix-tree' data-step='{frame.step}' width='{width}' height='{height}' "
+            f"viewBox='0 0 {width} {height}' style='max-width:100%;height:auto' "
             f"xmlns='http://www.w3.org/2000/svg'>{''.join(parts)}</svg></div>")
 
 
@@ -211,7 +212,10 @@ class PrefixTreeWidget(Animation):
             raise ValueError("the trace has no prefix-cache events: run requests through an engine with "
                              "EngineConfig(kv='paged', prefix_cache=True)")
         frames = replay(trace)
-        changed = [i for i, f in enumerate(frames) if f.hit_blocks or f.new_blocks or f.evicted or f.admitted]
+        # the steps where the picture changes (a hit, a block cached, evicted or released, an admission),
+        # and always the last step, so the slider ends where the trace ends
+        changed = [i for i, f in enumerate(frames)
+                   if i == 0 or i == len(frames) - 1 or f.nodes != frames[i - 1].nodes or f.admitted]
         self.frames = frames
         self.frame_steps = [changed[i] for i in frame_steps(len(changed), max_frames)]
         last = frames[-1].step

@@ -138,3 +138,15 @@ def test_a_file_that_does_not_import_is_reported(learner_package, capsys):
     check("ch02.slot_utilisation", package="learner_copy")
     out = capsys.readouterr().out
     assert "FAIL  learner_copy/ch02_slot_utilisation.py does not import: expected no error, got SyntaxError" in out
+
+
+def test_an_unchained_block_key_fails_only_the_chaining_rules_and_names_the_first_wrong_key():
+    """Found by a learner walk: the count rule failed an answer whose only mistake was the chain, and the
+    FAIL line showed two lists of 19-digit integers to compare by eye."""
+    from tests.exercises.wrong_answers import keys_without_the_chain
+
+    results = run("ch05.block_keys", keys_without_the_chain)
+    (count_rule,) = [r for r in results if "As many keys as full blocks" in r.case]
+    assert count_rule.passed, count_rule.line()
+    failures = [r.line() for r in results if not r.passed]
+    assert any("(key 1 is the first that differs)" in line for line in failures), "\n".join(failures)
