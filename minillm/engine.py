@@ -94,7 +94,9 @@ class LLMEngine:
         self.max_model_len = config.max_model_len or context
         self.cache, self.pool = self._make_kv_cache()
         scheduler_cls = StaticScheduler if config.batching == "static" else ContinuousScheduler
-        self.scheduler = scheduler_cls(config.max_num_seqs, self.max_model_len, config.max_tokens_per_step, self.pool)
+        chunk = config.max_tokens_per_prefill_chunk if config.chunked_prefill else None
+        self.scheduler = scheduler_cls(config.max_num_seqs, self.max_model_len, config.max_tokens_per_step, self.pool,
+                                       chunk)
         self.runner = ModelRunner(model, self.cache)
         self.requests: dict[str, Request] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
@@ -166,9 +168,10 @@ class LLMEngine:
                                          or not math.isfinite(arrival_time)):
             raise ValueError(f"arrival_time must be a time.perf_counter() value or None, got {arrival_time!r}")
         ids = encode_prompt(self.tokenizer, prompt, self.max_model_len, self.model.config.vocab_size)
-        if len(ids) > self.config.max_tokens_per_step:
+        if len(ids) > self.config.max_tokens_per_step and not self.config.chunked_prefill:
             raise ValueError(f"prompt has {len(ids)} tokens, more than max_tokens_per_step="
-                             f"{self.config.max_tokens_per_step}: it could never be scheduled")
+                             f"{self.config.max_tokens_per_step}: it could never be scheduled in one step "
+                             "(chunked_prefill=True would serve it in chunks)")
         if self.pool is not None:
             self._check_fits_paged(len(ids), params)
         request = Request(request_id, ids, params, arrival_time if arrival_time is not None else time.perf_counter(),
@@ -191,7 +194,7 @@ class LLMEngine:
         if self.pool.blocks_for(longest) > self.pool.num_blocks:
             raise ValueError(f"request may grow to {longest} tokens = {self.pool.blocks_for(longest)} blocks, but the "
                              f"KV cache has only {self.pool.num_blocks} blocks: it could never fit")
-        if longest > self.config.max_tokens_per_step:
+        if longest > self.config.max_tokens_per_step and not self.config.chunked_prefill:
             raise ValueError(f"request may grow to {longest} tokens, more than max_tokens_per_step="
                              f"{self.config.max_tokens_per_step}: after a preemption it could not be recomputed")
 

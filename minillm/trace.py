@@ -37,6 +37,16 @@ class StepRecord:
         return sum(s.num_tokens for s in self.slots if s is not None)
 
     @property
+    def decode_tokens(self) -> int:
+        """Tokens of requests decoding in this step (one each)."""
+        return sum(s.num_tokens for s in self.slots if s is not None and s.phase == "decode")
+
+    @property
+    def prefill_tokens(self) -> dict[str, int]:
+        """Prompt tokens each prefilling request ran in this step: its whole prompt, or one chunk (chapter 6)."""
+        return {s.request_id: s.num_tokens for s in self.slots if s is not None and s.phase == "prefill"}
+
+    @property
     def busy_slots(self) -> int:
         return sum(1 for s in self.slots if s is not None and s.num_tokens > 0)
 

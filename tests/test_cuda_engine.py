@@ -59,3 +59,32 @@ def test_prefix_cache_with_triton_on_cuda_matches_the_naive_loop(tmp_path, block
             outputs.append(engine.output(request_id))
         assert [o.token_ids for o in outputs] == expected
         assert outputs[3].num_cached_tokens > 0 and outputs[4].num_cached_tokens > 0
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 16, 64])
+def test_chunked_prefill_with_triton_on_cuda_matches_the_naive_loop(tmp_path, chunk):
+    """Chunks through the Triton extend kernel: mid-block starts, a prompt longer than the step budget,
+    the prefix cache, and a pool small enough to preempt."""
+    pytest.importorskip("triton")
+    make_checkpoint("qwen3", tmp_path, seed=3)
+    model = load_model(tmp_path, device="cuda", dtype=torch.float32)
+    shared = list(range(40, 90))
+    prompts = [shared + [5], [8, 9], shared[:30] + [6, 7], list(range(100, 160)), shared + [5]]
+    greedy = SamplingParams(temperature=0, max_new_tokens=12, ignore_eos=True)
+    expected = [generate_without_cache(model, ByteTokenizer(), p, greedy).token_ids for p in prompts]
+    per_token = 2 * model.config.num_layers * model.config.num_kv_heads * model.config.head_dim * 4
+    for blocks, prefix_cache in ((64, False), (64, True), (14, True)):
+        config = EngineConfig(max_num_seqs=3, max_model_len=96, kv="paged", block_size=16, use_triton=True,
+                              kv_cache_bytes=blocks * 16 * per_token, prefix_cache=prefix_cache, chunked_prefill=True,
+                              max_tokens_per_prefill_chunk=chunk, max_tokens_per_step=40, device="cuda",
+                              dtype="float32")
+        engine = LLMEngine(model, ByteTokenizer(), config)
+        ids = []
+        for k, prompt in enumerate(prompts):
+            ids.append(engine.add_request(prompt, greedy).request_id)
+            for _ in range(k):  # staggered arrivals: chunks share steps with decodes
+                if engine.has_unfinished():
+                    engine.step()
+        while engine.has_unfinished():
+            engine.step()
+        assert [engine.output(i).token_ids for i in ids] == expected

@@ -61,7 +61,10 @@ def test_any_arrival_order_and_limits_give_the_naive_loops_tokens(model, arrival
     if kind == "paged":  # a pool just big enough for the longest request, plus a few blocks: preemptions happen
         longest = max(min(len(p) + n, 64) for _, p, n in arrivals)
         num_blocks = -(-longest // block_size) + spare_blocks
+        # a preempted request recomputes all its tokens in one step: the engine refuses one that could outgrow
+        # the step budget (unless chunked), so here the budget covers the longest request
         config = dataclasses.replace(config, kv="paged", block_size=block_size,
+                                     max_tokens_per_step=max(budget, longest),
                                      kv_cache_bytes=paged_budget(model, block_size, num_blocks))
     engine = LLMEngine(model, ByteTokenizer(), config)
     outputs = run_to_completion(engine, arrivals)

@@ -5,7 +5,7 @@ import torch
 
 from minillm.attention import DenseAttention
 from minillm.attention.paged import PagedKVCache, kv_bytes_per_token
-from minillm.attention.paged_ops import paged_decode_attention
+from minillm.attention.paged_ops import _similar_lengths, paged_decode_attention
 
 HEAD_DIM, NUM_BLOCKS = 8, 40
 
@@ -42,12 +42,14 @@ def test_prefill_then_mixed_pass_equals_dense_attention(block_size, heads, kv_he
     torch.testing.assert_close(out, last_rows, atol=1e-5, rtol=0)
 
 
-def test_decode_reference_equals_a_per_sequence_loop():
+@pytest.mark.parametrize("lengths", [[1, 4, 5, 11], [3, 140, 7, 2]], ids=["one group", "two groups"])
+def test_decode_reference_equals_a_per_sequence_loop(lengths):
+    """The second set mixes short and long contexts: the reference then attends group by group (each
+    padded to its own longest), and must still give every sequence its own answer."""
     gen = torch.Generator().manual_seed(0)
     block_size, heads, kv_heads = 4, 4, 2
     k_cache = torch.randn(NUM_BLOCKS, block_size, kv_heads, HEAD_DIM, generator=gen)
     v_cache = torch.randn(NUM_BLOCKS, block_size, kv_heads, HEAD_DIM, generator=gen)
-    lengths = [1, 4, 5, 11]
     tables = random_tables(lengths, block_size, gen)
     width = max(map(len, tables))
     padded = torch.tensor([t + [0] * (width - len(t)) for t in tables])
@@ -69,3 +71,8 @@ def test_sizes_and_misuse():
         cache.batch([[0]], [3], [2])
     with pytest.raises(ValueError, match="outside"):
         cache.batch([[5]], [0], [1])
+
+
+def test_decode_contexts_are_grouped_by_similar_length():
+    assert _similar_lengths([5, 40, 64, 100]) == [[0, 1, 2, 3]]  # all within 2 x 64: one group, one call
+    assert _similar_lengths([1500, 30, 200, 90, 1400]) == [[1, 3], [2], [4, 0]]  # <=128, <=400, then the long ones

@@ -67,6 +67,7 @@ def kernels():
     if INTERPRET:
         assert _is_interpreted(module._paged_decode_attention_kernel)
         assert _is_interpreted(module._store_kv_kernel)
+        assert _is_interpreted(module._paged_prefill_attention_kernel)
     return module
 
 
@@ -222,6 +223,110 @@ def test_decode_reads_a_strided_query(kernels):
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
+# ---------------------------------------------------------------------------------------------------- prefill / extend
+
+
+SENTINEL = 7.0  # rows of `out` that no sequence owns must keep it
+
+
+def check_prefill(kernels, chunks: list[tuple[int, int]], block_size: int, num_heads: int, num_kv_heads: int,
+                  head_dim: int, seed: int, dtype: torch.dtype = torch.float32, atol: float = 1e-5,
+                  rtol: float = 1e-5) -> None:
+    """`chunks`: (tokens cached before the chunk, chunk length) per sequence. The flat batch puts one
+    foreign row (a decode's, say) before every chunk: the kernel must write exactly its sequences' rows."""
+    gen = torch.Generator().manual_seed(seed)
+    clean, poisoned, _ = paged_batch([start + n for start, n in chunks], block_size, num_kv_heads, head_dim, gen,
+                                     dtype)
+    rows, row = [], 0
+    for _, n in chunks:
+        rows.append(row + 1)  # one foreign row first
+        row += 1 + n
+    q = torch.randn(row, num_heads, head_dim, generator=gen).to(dtype=dtype, device=DEVICE)
+    index = {"device": DEVICE, "dtype": torch.int32}
+    starts = torch.tensor(rows, **index)
+    lens = torch.tensor([n for _, n in chunks], **index)
+    context = torch.tensor([start for start, _ in chunks], **index)
+    scale = head_dim**-0.5
+
+    out = torch.full_like(q, SENTINEL)
+    kernels.paged_prefill_attention(q, *poisoned, starts, lens, context, scale, out, max(n for _, n in chunks))
+    expected = torch.full_like(q, SENTINEL, dtype=torch.float32)
+    paged_ops.paged_prefill_attention(q.float(), clean[0].float(), clean[1].float(), clean[2], starts, lens, context,
+                                      scale, expected)
+    assert out.dtype == dtype
+    foreign = [r - 1 for r in rows]
+    assert (out[foreign] == SENTINEL).all(), "the kernel wrote rows that belong to no sequence"
+    torch.testing.assert_close(out.float(), expected, atol=atol, rtol=rtol)
+
+
+def test_the_prefill_reference_is_causal_attention_written_out():
+    """The torch reference itself against softmax(q k^T) v written out token by token, keys from a plain list."""
+    gen = torch.Generator().manual_seed(11)
+    block_size, heads, kv_heads, head_dim, start, n = 4, 4, 2, 8, 6, 5
+    keys, values = torch.randn(start + n, kv_heads, head_dim, generator=gen), torch.randn(start + n, kv_heads, head_dim,
+                                                                                          generator=gen)
+    table = [2, 0, 3]  # physical blocks of the 11 tokens
+    k_cache, v_cache = torch.zeros(4, block_size, kv_heads, head_dim), torch.zeros(4, block_size, kv_heads, head_dim)
+    for t in range(start + n):
+        k_cache[table[t // block_size], t % block_size] = keys[t]
+        v_cache[table[t // block_size], t % block_size] = values[t]
+    q = torch.randn(n, heads, head_dim, generator=gen)
+    out = torch.zeros_like(q)
+    as_tensor = lambda *xs: torch.tensor(xs)  # noqa: E731
+    paged_ops.paged_prefill_attention(q, k_cache, v_cache, torch.tensor([table]), as_tensor(0), as_tensor(n),
+                                      as_tensor(start), 0.5, out)
+    for j in range(n):
+        for h in range(heads):
+            kv = h // (heads // kv_heads)
+            weights = torch.softmax(0.5 * keys[: start + j + 1, kv] @ q[j, h], dim=0)  # keys 0 .. start + j
+            torch.testing.assert_close(out[j, h], weights @ values[: start + j + 1, kv], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("head_dim", [64, 48])
+@pytest.mark.parametrize("num_heads, num_kv_heads", [(2, 2), (4, 2), (6, 1)], ids=["mha", "gqa-2", "gqa-6"])
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+def test_prefill_matches_reference(kernels, block_size, num_heads, num_kv_heads, head_dim):
+    # ragged, in no particular order: a whole prompt longer than one query tile; a chunk starting mid-block
+    # and crossing a boundary; a chunk starting on a boundary; a chunk of one token; a random one
+    gen = torch.Generator().manual_seed(block_size + head_dim)
+    random_start, random_len = (int(x) for x in torch.randint(1, 3 * block_size, (2,), generator=gen))
+    chunks = [(0, 2 * block_size + 3), (block_size - 3, 7), (2 * block_size, block_size), (5, 1),
+              (random_start, random_len)]
+    check_prefill(kernels, chunks, block_size, num_heads, num_kv_heads, head_dim, seed=num_heads + head_dim)
+
+
+def test_prefill_with_a_chunk_longer_than_two_query_tiles_and_head_dim_80(kernels):
+    check_prefill(kernels, [(3, 40), (0, 17)], block_size=16, num_heads=4, num_kv_heads=4, head_dim=80, seed=12)
+
+
+def test_prefill_reads_a_strided_query_and_int64_indices(kernels):
+    gen = torch.Generator().manual_seed(13)
+    clean, poisoned, _ = paged_batch([12], block_size=8, num_kv_heads=2, head_dim=32, gen=gen)
+    qkv = torch.randn(5, 4 + 2 * 2, 32, generator=gen).to(DEVICE)
+    q = qkv[:, :4]
+    assert not q.is_contiguous()
+    index = {"device": DEVICE, "dtype": torch.int64}
+    args = (torch.tensor([0], **index), torch.tensor([5], **index), torch.tensor([7], **index), 0.2)
+    out, expected = torch.zeros(5, 4, 32, device=DEVICE), torch.zeros(5, 4, 32, device=DEVICE)
+    kernels.paged_prefill_attention(q, *poisoned[:2], poisoned[2].long(), *args, out)
+    paged_ops.paged_prefill_attention(q.contiguous(), *clean, *args, expected)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_prefill_rejects_bad_shapes(kernels):
+    k_cache = torch.zeros(4, 8, 2, 16, device=DEVICE)
+    tables = torch.zeros(1, 2, dtype=torch.int32, device=DEVICE)
+    one = torch.ones(1, dtype=torch.int32, device=DEVICE)
+    q = torch.zeros(3, 4, 16, device=DEVICE)
+    with pytest.raises(ValueError, match="out must"):
+        kernels.paged_prefill_attention(q, k_cache, k_cache, tables, one, one, one, 1.0, q[:2])
+    with pytest.raises(ValueError, match="query_lens"):
+        kernels.paged_prefill_attention(q, k_cache, k_cache, tables, one, one.repeat(2), one, 1.0, q.clone())
+    with pytest.raises(ValueError, match="multiple of num_kv_heads"):
+        q3 = torch.zeros(3, 3, 16, device=DEVICE)
+        kernels.paged_prefill_attention(q3, k_cache, k_cache, tables, one, one, one, 1.0, q3.clone())
+
+
 # ---------------------------------------------------------------------------------------------------- CUDA only
 
 LOW_PRECISION = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}  # a few ulps of the output's dtype
@@ -234,6 +339,15 @@ def test_decode_low_precision_on_cuda(kernels, block_size, dtype):
     tol = LOW_PRECISION[dtype]
     check_decode(kernels, [block_size + 1, 1, 3 * block_size - 1, block_size, 37], block_size, 6, 2, 80,
                  seed=block_size, dtype=dtype, atol=tol, rtol=tol)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", list(LOW_PRECISION), ids=str)
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+def test_prefill_low_precision_on_cuda(kernels, block_size, dtype):
+    tol = LOW_PRECISION[dtype]
+    check_prefill(kernels, [(0, 3 * block_size + 5), (block_size - 2, 9), (7, 1), (40, 70)], block_size, 6, 2, 80,
+                  seed=block_size, dtype=dtype, atol=tol, rtol=tol)
 
 
 @needs_cuda
@@ -274,13 +388,18 @@ for dtype, index in [("fp32", "i32"), ("fp16", "i32"), ("bf16", "i64")]:
                             {"BLOCK_SIZE": 16, "HEAD_DIM_PADDED": 128})
     store = compile_kernel(kernels._store_kv_kernel, {**data, "slot_mapping_ptr": "*" + index},
                            {"BLOCK_SIZE": 16, "HEADS_PADDED": 4, "HEAD_DIM_PADDED": 128})
-    assert decode.asm["cubin"] and store.asm["cubin"]
+    prefill = compile_kernel(kernels._paged_prefill_attention_kernel,
+                             {**data, "block_tables_ptr": "*" + index, "query_starts_ptr": "*" + index,
+                              "query_lens_ptr": "*" + index, "context_starts_ptr": "*" + index, "scale": "fp32"},
+                             {"BLOCK_SIZE": 16, "BLOCK_M": 16, "BLOCK_N": 32, "HEAD_DIM_PADDED": 128,
+                              "PRECISION": "ieee" if dtype == "fp32" else "tf32"})
+    assert decode.asm["cubin"] and store.asm["cubin"] and prefill.asm["cubin"]
     print(dtype, index, "compiled")
 """
 
 
 def test_kernels_compile_for_a_gpu_target(tmp_path):
-    """Compile both kernels down to a cubin for sm_90, in float32, float16 and bfloat16 (no GPU needed):
+    """Compile the three kernels down to a cubin for sm_90, in float32, float16 and bfloat16 (no GPU needed):
     catches what the interpreter lets through, like a loop-carried variable that changes type."""
     from triton.backends import backends
 

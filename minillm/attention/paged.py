@@ -16,10 +16,8 @@ import itertools
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 
 from minillm.attention import paged_ops
-from minillm.attention.masks import prefill_mask
 from minillm.memory import format_bytes
 
 
@@ -83,9 +81,11 @@ class PagedKVCache:
 class PagedBatch:
     """The backend of one forward pass on the paged cache.
 
-    Every new token's K/V is written to its slot in one call (`store_kv`). Decode rows then attend
-    in one `paged_decode_attention` call through their block tables; prefill rows gather their
-    blocks and attend one sequence at a time. Index tensors are built once and reused by every layer.
+    Every new token's K/V is written to its slot in one call (`store_kv`). Decode rows (one new
+    token: a decode, or a prefill chunk of one token) then attend in one `paged_decode_attention`
+    call through their block tables, and the rows of sequences bringing several tokens (a prefill,
+    or a chunk extending one) in one `paged_prefill_attention` call. Index tensors are built once
+    and reused by every layer.
     """
 
     def __init__(self, cache: PagedKVCache, block_tables: Sequence[Sequence[int]], starts: list[int],
@@ -103,9 +103,15 @@ class PagedBatch:
         self.decode_tables = torch.tensor([list(block_tables[i]) + [0] * (width - len(block_tables[i]))
                                            for i in decode], dtype=torch.int32, device=device)
         self.decode_context_lens = torch.tensor([starts[i] + 1 for i in decode], dtype=torch.int32, device=device)
-        self.prefills = [(offsets[i], torch.tensor(block_tables[i], dtype=torch.long, device=device), starts[i], n)
-                         for i, n in enumerate(query_lens) if n > 1]
-        self.prefill_masks = [prefill_mask(start, n, cache.k[0].dtype, device) for _, _, start, n in self.prefills]
+        # prefill / extend rows: every sequence bringing several tokens, in one call per layer
+        prefill = [i for i, n in enumerate(query_lens) if n > 1]
+        width = max((len(block_tables[i]) for i in prefill), default=0)
+        self.prefill_tables = torch.tensor([list(block_tables[i]) + [0] * (width - len(block_tables[i]))
+                                            for i in prefill], dtype=torch.int32, device=device)
+        self.prefill_rows = torch.tensor([offsets[i] for i in prefill], dtype=torch.int32, device=device)
+        self.prefill_lens = torch.tensor([query_lens[i] for i in prefill], dtype=torch.int32, device=device)
+        self.prefill_starts = torch.tensor([starts[i] for i in prefill], dtype=torch.int32, device=device)
+        self.max_prefill_len = max((query_lens[i] for i in prefill), default=0)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         """q: (num_tokens, heads, head_dim); k, v: (num_tokens, kv_heads, head_dim) -> like q."""
@@ -115,11 +121,7 @@ class PagedBatch:
         if len(self.decode_rows):
             out[self.decode_rows] = ops.paged_decode_attention(q[self.decode_rows], k_cache, v_cache,
                                                                self.decode_tables, self.decode_context_lens, scale)
-        for (offset, table, start, n), mask in zip(self.prefills, self.prefill_masks):
-            end = start + n
-            keys = paged_ops.gather_kv(k_cache, table, end).transpose(0, 1)[None]  # (1, kv_heads, end, head_dim)
-            values = paged_ops.gather_kv(v_cache, table, end).transpose(0, 1)[None]
-            qs = q[offset : offset + n].transpose(0, 1)[None]  # (1, heads, n, head_dim)
-            o = F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
-            out[offset : offset + n] = o[0].transpose(0, 1)
+        if self.max_prefill_len:
+            ops.paged_prefill_attention(q, k_cache, v_cache, self.prefill_tables, self.prefill_rows, self.prefill_lens,
+                                        self.prefill_starts, scale, out, self.max_prefill_len)
         return out

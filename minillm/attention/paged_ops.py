@@ -44,6 +44,14 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     sequence's last block are never read; context_lens: (num_seqs,) int >= 1.
     Returns (num_seqs, num_heads, head_dim).
     """
+    groups = _similar_lengths(context_lens.tolist())
+    if len(groups) > 1:  # attend group by group, each padded only to its own longest
+        out = torch.empty_like(q)
+        for rows in groups:
+            index = torch.tensor(rows, device=q.device)
+            out[index] = paged_decode_attention(q[index], k_cache, v_cache, block_tables[index], context_lens[index],
+                                                scale)
+        return out
     num_seqs, heads, head_dim = q.shape
     block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
     longest = int(context_lens.max())
@@ -59,3 +67,42 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     out = F.scaled_dot_product_attention(queries, keys.transpose(1, 2), values.transpose(1, 2),
                                          attn_mask=visible[:, None, None], scale=scale)
     return out.reshape(num_seqs, heads, head_dim)
+
+
+def _similar_lengths(lengths: list[int], floor: int = 64) -> list[list[int]]:
+    """Indices grouped so that no group's longest context is more than twice its shortest (contexts
+    under `floor` count as `floor`): one decode with a long context then no longer pads every short
+    one up to its length. Usually a single group."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and lengths[i] <= 2 * max(lengths[groups[-1][0]], floor):
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            block_tables: torch.Tensor, query_starts: torch.Tensor, query_lens: torch.Tensor,
+                            context_starts: torch.Tensor, scale: float, out: torch.Tensor,
+                            max_query_len: int | None = None) -> None:
+    """Prefill / extend attention: sequence i's query_lens[i] new tokens, rows query_starts[i]... of q,
+    sit at positions context_starts[i]... and attend causally to every cached token up to their own
+    (their own K/V must already be stored). Writes those rows of `out`; other rows are left alone.
+
+        sequence i:  | cached before this chunk (context_starts[i]) | the chunk (query_lens[i]) |
+        new token j (position context_starts[i] + j) sees keys 0 .. context_starts[i] + j
+
+    q, out: (num_tokens, num_heads, head_dim); block_tables: (num_seqs, max_blocks) int;
+    query_starts, query_lens, context_starts: (num_seqs,) int; `max_query_len` is unused here (the
+    Triton version sizes its grid with it).
+    """
+    for i, (row, n, start) in enumerate(zip(query_starts.tolist(), query_lens.tolist(), context_starts.tolist())):
+        end = start + n
+        keys = gather_kv(k_cache, block_tables[i], end).transpose(0, 1)[None]  # (1, kv_heads, end, head_dim)
+        values = gather_kv(v_cache, block_tables[i], end).transpose(0, 1)[None]
+        queries = q[row : row + n].transpose(0, 1)[None]  # (1, heads, n, head_dim)
+        visible = torch.ones(n, end, dtype=torch.bool, device=q.device).tril(diagonal=start)  # (n, end)
+        o = F.scaled_dot_product_attention(queries, keys, values, attn_mask=visible, scale=scale, enable_gqa=True)
+        out[row : row + n] = o[0].transpose(0, 1)

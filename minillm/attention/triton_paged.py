@@ -1,6 +1,6 @@
 """Paged-attention operations as Triton kernels, with the signatures of `minillm/attention/paged_ops.py`.
 
-Two kernels, each launched on a grid of small independent programs:
+Three kernels, each launched on a grid of small independent programs:
 
 * `store_kv`: one program per new token. It reads the token's slot, splits it into
   (block, offset) and copies the token's K and V, all KV heads at once, into that place of the caches.
@@ -26,8 +26,17 @@ Two kernels, each launched on a grid of small independent programs:
   so that acc / l is softmax(scores) @ V over every token seen so far. All of it is float32
   whatever the cache's dtype; only the output is cast back to the query's dtype.
 
-Both kernels follow the tensors' strides, so views (e.g. K and V split out of a fused QKV) work.
-Shapes are small (one query row), so the kernels use elementwise products and `tl.sum`, not `tl.dot`.
+* `paged_prefill_attention` (chapter 6): one program per (sequence, query head, tile of 16 new
+  tokens) — the rows of a prefill, or of a chunk extending one. It runs the same online softmax
+  over 32 keys at a time, a query tile against a key tile with `tl.dot`. A key tile may span
+  several blocks, so each key finds its own block in the table; keys past a query's position are
+  masked (causal with an offset: token j of a chunk starting at s sees keys 0 .. s + j):
+
+      chunk of seq s: positions 40..63, its K/V already stored     block_size = 16
+      query tile 0 (positions 40..55) reads keys 0..55, tile 1 (56..63) keys 0..63
+
+The kernels follow the tensors' strides, so views (e.g. K and V split out of a fused QKV) work. The
+decode kernel's shapes are small (one query row): it uses elementwise products and `tl.sum`.
 
 Triton is optional: this module imports without it (`TRITON_AVAILABLE` is then False and the
 functions raise RuntimeError). On a machine without a GPU, set `TRITON_INTERPRET=1` before triton is
@@ -46,7 +55,8 @@ except ImportError:  # e.g. the CPU builds of torch, which do not depend on trit
     tl = None
     TRITON_AVAILABLE = False
 
-__all__ = ["TRITON_AVAILABLE", "paged_decode_attention", "store_kv", "unavailable_reason"]
+__all__ = ["TRITON_AVAILABLE", "paged_decode_attention", "paged_prefill_attention", "store_kv",
+           "unavailable_reason"]
 
 
 if TRITON_AVAILABLE:
@@ -138,6 +148,80 @@ if TRITON_AVAILABLE:
         out = acc / running_sum
         out_ptrs = out_ptr + seq * stride_out_seq + head * stride_out_head + dims * stride_out_dim
         tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=dim_mask)
+
+
+    @triton.jit
+    def _paged_prefill_attention_kernel(
+        out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, query_starts_ptr, query_lens_ptr,
+        context_starts_ptr, scale,
+        stride_out_token, stride_out_head, stride_out_dim,
+        stride_q_token, stride_q_head, stride_q_dim,
+        stride_kc_block, stride_kc_offset, stride_kc_head, stride_kc_dim,
+        stride_vc_block, stride_vc_offset, stride_vc_head, stride_vc_dim,
+        stride_table_seq, stride_table_block,
+        head_dim, query_heads_per_kv_head,
+        BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr,
+        PRECISION: tl.constexpr,
+    ):
+        """One program per (sequence, query head, tile of BLOCK_M new tokens): those tokens attend
+        causally to the sequence's cached keys, BLOCK_N keys at a time, with an online softmax."""
+        seq = tl.program_id(0).to(tl.int64)
+        head = tl.program_id(1)
+        tile = tl.program_id(2)
+        num_queries = tl.load(query_lens_ptr + seq).to(tl.int32)
+        first_row = tl.load(query_starts_ptr + seq).to(tl.int64)
+        context_start = tl.load(context_starts_ptr + seq).to(tl.int32)
+        kv_head = head // query_heads_per_kv_head
+
+        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,) new-token index inside the chunk
+        row_mask = rows < num_queries
+        positions = context_start + rows  # (BLOCK_M,) absolute positions of these queries
+        dims = tl.arange(0, HEAD_DIM_PADDED)
+        dim_mask = dims < head_dim
+        q_ptrs = (q_ptr + (first_row + rows)[:, None] * stride_q_token + head * stride_q_head
+                  + dims[None, :] * stride_q_dim)
+        q = tl.load(q_ptrs, mask=row_mask[:, None] & dim_mask[None, :], other=0.0)  # (BLOCK_M, HEAD_DIM_PADDED)
+
+        running_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        running_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM_PADDED], dtype=tl.float32)
+
+        table_row = block_tables_ptr + seq * stride_table_seq
+        k_head = k_cache_ptr + kv_head * stride_kc_head
+        v_head = v_cache_ptr + kv_head * stride_vc_head
+        # keys past the tile's last query are never visible to it: stop there
+        key_end = tl.minimum(context_start + num_queries, context_start + (tile + 1) * BLOCK_M)
+        key_end = tl.where(tile * BLOCK_M < num_queries, key_end, 0)  # the grid fits the longest chunk: idle tiles
+        for key_start in range(0, key_end, BLOCK_N):
+            keys_at = key_start + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key positions
+            key_mask = keys_at < key_end
+            # each key's physical place: its block from the table, its offset inside the block
+            blocks = tl.load(table_row + (keys_at // BLOCK_SIZE) * stride_table_block, mask=key_mask, other=0)
+            blocks = blocks.to(tl.int64)
+            offsets = keys_at % BLOCK_SIZE
+            tile_mask = key_mask[:, None] & dim_mask[None, :]  # (BLOCK_N, HEAD_DIM_PADDED)
+            k = tl.load(k_head + blocks[:, None] * stride_kc_block + offsets[:, None] * stride_kc_offset
+                        + dims[None, :] * stride_kc_dim, mask=tile_mask, other=0.0)
+            scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # (BLOCK_M, BLOCK_N)
+            visible = (keys_at[None, :] <= positions[:, None]) & key_mask[None, :]
+            scores = tl.where(visible, scores, float("-inf"))
+
+            # key 0 is visible to every query, so after the first tile every row's max is finite
+            new_max = tl.maximum(running_max, tl.max(scores, axis=1))
+            rescale = tl.exp(running_max - new_max)  # (BLOCK_M,)
+            weights = tl.exp(scores - new_max[:, None])  # (BLOCK_M, BLOCK_N), 0 where not visible
+            v = tl.load(v_head + blocks[:, None] * stride_vc_block + offsets[:, None] * stride_vc_offset
+                        + dims[None, :] * stride_vc_dim, mask=tile_mask, other=0.0)
+            update = tl.dot(weights.to(v.dtype), v, input_precision=PRECISION)  # (BLOCK_M, HEAD_DIM_PADDED)
+            acc = acc * rescale[:, None] + update
+            running_sum = running_sum * rescale + tl.sum(weights, axis=1)
+            running_max = new_max
+
+        # idle rows (past the chunk's end) have a zero sum: divide by 1 there, they are not stored anyway
+        out = acc / tl.where(running_sum > 0, running_sum, 1.0)[:, None]
+        out_ptrs = (out_ptr + (first_row + rows)[:, None] * stride_out_token + head * stride_out_head
+                    + dims[None, :] * stride_out_dim)
+        tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & dim_mask[None, :])
 
 
 def unavailable_reason(device: torch.device) -> str | None:
@@ -247,3 +331,53 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         HEAD_DIM_PADDED=triton.next_power_of_2(head_dim),
     )
     return out
+
+
+def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            block_tables: torch.Tensor, query_starts: torch.Tensor, query_lens: torch.Tensor,
+                            context_starts: torch.Tensor, scale: float, out: torch.Tensor,
+                            max_query_len: int | None = None) -> None:
+    """Prefill / extend attention for many sequences in one launch (see `paged_ops.paged_prefill_attention`).
+
+    q, out: (num_tokens, num_heads, head_dim); k_cache, v_cache: (num_blocks, block_size, num_kv_heads,
+    head_dim) with a power-of-two block_size, holding the new tokens' K/V already; block_tables:
+    (num_seqs, max_blocks) int; query_starts, query_lens, context_starts: (num_seqs,) int (rows of q,
+    chunk lengths >= 1, tokens cached before each chunk; not checked: that would wait for the GPU).
+    Writes the sequences' rows of `out`, in out's dtype. `max_query_len` (the longest chunk) sizes the
+    grid; pass it when known, else it is read from query_lens (a wait for the GPU).
+    """
+    _require_triton()
+    _check_cache_shapes(k_cache, v_cache)
+    if q.dim() != 3 or out.shape != q.shape:
+        raise ValueError(f"q and out must both be (num_tokens, num_heads, head_dim), got {tuple(q.shape)} and "
+                         f"{tuple(out.shape)}")
+    num_seqs = query_starts.shape[0]
+    _, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, cache_head_dim = k_cache.shape
+    if head_dim != cache_head_dim:
+        raise ValueError(f"q has head_dim {head_dim} but the cache has {cache_head_dim}")
+    if num_heads % num_kv_heads != 0:
+        raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+    if block_size & (block_size - 1) != 0:
+        raise ValueError(f"block_size must be a power of two, got {block_size}")
+    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs:
+        raise ValueError(f"block_tables must be ({num_seqs}, max_blocks), got {tuple(block_tables.shape)}")
+    for name, t in (("query_starts", query_starts), ("query_lens", query_lens), ("context_starts", context_starts)):
+        if t.shape != (num_seqs,):
+            raise ValueError(f"{name} must be ({num_seqs},), one entry per sequence, got {tuple(t.shape)}")
+    _check_same_device(q=q, out=out, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables,
+                       query_starts=query_starts, query_lens=query_lens, context_starts=context_starts)
+    if num_seqs == 0:
+        return
+    longest = max_query_len if max_query_len is not None else int(query_lens.max())
+    block_m = 16
+    _paged_prefill_attention_kernel[(num_seqs, num_heads, triton.cdiv(longest, block_m))](
+        out, q, k_cache, v_cache, block_tables, query_starts.contiguous(), query_lens.contiguous(),
+        context_starts.contiguous(), float(scale),
+        *out.stride(), *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(),
+        head_dim, num_heads // num_kv_heads,
+        BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_N=32,
+        HEAD_DIM_PADDED=max(16, triton.next_power_of_2(head_dim)),  # tl.dot needs every dimension >= 16
+        # float32 stays float32 ("ieee", not TF32's 10-bit mantissa): token-exact with the torch path
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+    )

@@ -19,11 +19,12 @@ FINAL_STATUS = {"abort": RequestStatus.ABORTED, "error": RequestStatus.FAILED}  
 
 class Scheduler:
     def __init__(self, max_num_seqs: int, max_model_len: int, max_tokens_per_step: int,
-                 pool: BlockPool | None = None):
+                 pool: BlockPool | None = None, max_prefill_chunk: int | None = None):
         self.pool = pool  # the paged cache's bookkeeping; None with a contiguous cache
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
         self.max_tokens_per_step = max_tokens_per_step
+        self.max_prefill_chunk = max_prefill_chunk  # chunked prefill (chapter 6); None: a prompt in one step
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.free_slots: list[int] = list(range(max_num_seqs))
@@ -54,9 +55,11 @@ class Scheduler:
         start = request.num_computed_tokens
         end = start + num_tokens
         blocks = tuple(self.pool.block_table(request.request_id)) if self.pool is not None else ()
+        # a decode runs exactly the newest token, a generated one; anything else computes tokens the
+        # request already had: its prompt, or (after a preemption) its prompt and earlier output
+        decode = num_tokens == 1 and start == request.num_tokens - 1 and start >= request.num_prompt_tokens
         return ScheduledChunk(request.request_id, request.slot, start, tuple(request.all_token_ids[start:end]),
-                              samples=end == request.num_tokens, is_prefill=start < request.num_prompt_tokens,
-                              block_table=blocks)
+                              samples=end == request.num_tokens, is_prefill=not decode, block_table=blocks)
 
     def _output(self, chunks: list[ScheduledChunk], new: list[Request], preempted: list[str] = ()) -> SchedulerOutput:
         finished, self._finished_ids = tuple(self._finished_ids), []

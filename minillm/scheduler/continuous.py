@@ -7,6 +7,14 @@ Every step, within the token budget:
 Prefill and decode then run in ONE forward pass. There is no phase flag: a request's
 `num_computed_tokens` says how many of its tokens are cached, and it is granted the rest.
 
+With chunked prefill (chapter 6, `max_prefill_chunk`), nobody is granted more than one chunk of
+its remaining tokens, and the step is filled in this order:
+  1. decodes (requests needing one token) — so a newcomer's prompt never stalls them;
+  2. prefills already in progress, oldest first, one chunk each;
+  3. new requests, one chunk each, while budget and slots remain.
+A chunk that ends before the request's last token samples nothing; the rest comes next step. A
+prompt longer than the step budget is simply served over several steps.
+
 With a paged cache (a `BlockPool`), a running request's table grows a block whenever its tokens
 cross a block boundary. When the pool is empty, the NEWEST running request is **preempted by
 recompute**: its blocks are freed, its `num_computed_tokens` drops to 0, and it goes back to the
@@ -31,40 +39,45 @@ class ContinuousScheduler(Scheduler):
     def schedule(self) -> SchedulerOutput:
         budget = self.max_tokens_per_step
         chunks, new, preempted = [], [], []
-        for request in list(self.running):  # oldest first; preemption takes from the newest end
-            need = request.num_uncomputed_tokens
-            if request.status is not RequestStatus.RUNNING or need > budget:
+        # oldest first; chunked, decodes before prefills in progress (a stable sort keeps each group
+        # oldest first). Preemption takes from the newest end: never a request already served this step
+        order = self.running if self.max_prefill_chunk is None else sorted(
+            self.running, key=lambda r: r.num_uncomputed_tokens > 1)
+        for request in list(order):
+            grant = self._grant(request.num_uncomputed_tokens, budget)
+            if request.status is not RequestStatus.RUNNING or grant == 0:
                 continue  # preempted just now, or its turn comes next step
             preempted += self._make_room(request)
             if request.status is not RequestStatus.RUNNING:
                 continue  # it was the newest: preempted itself
-            chunks.append(self._chunk(request, need))
-            budget -= need
+            chunks.append(self._chunk(request, grant))
+            budget -= grant
         # admit while slots, budget and blocks allow (not in a step that had to preempt: no thrashing)
         while self.waiting and self.free_slots and not preempted:
             request = self.waiting[0]
             cached = self.pool.find_cached(request.all_token_ids) if self.pool is not None else []
-            if not self._fits(request, budget, cached):
+            hit = len(cached) * self.pool.block_size if self.pool is not None else 0
+            grant = self._grant(request.num_tokens - hit, budget)
+            if grant == 0 or (self.pool is not None and not self.pool.can_allocate(request.num_tokens, cached)):
                 break
             self.waiting.popleft()
             self._admit(request)
-            if self.pool is not None:
+            if self.pool is not None:  # blocks for every token now: a prefill in progress never waits for memory
                 self.pool.allocate(request.request_id, request.num_tokens, cached)
-                request.num_computed_tokens = len(cached) * self.pool.block_size
+                request.num_computed_tokens = hit
                 if request.num_preemptions == 0:
-                    request.num_cached_tokens = request.num_computed_tokens
-            chunks.append(self._chunk(request, request.num_uncomputed_tokens))
-            budget -= request.num_uncomputed_tokens
+                    request.num_cached_tokens = hit
+            chunks.append(self._chunk(request, grant))
+            budget -= grant
             new.append(request)
         return self._output(chunks, new, preempted)
 
-    def _fits(self, request: Request, budget: int, cached: list) -> bool:
-        """Whether a waiting request can be admitted now, reusing its `cached` leading blocks."""
-        if self.pool is None:
-            return request.num_uncomputed_tokens <= budget
-        if request.num_tokens - len(cached) * self.pool.block_size > budget:
-            return False
-        return self.pool.can_allocate(request.num_tokens, cached)
+    def _grant(self, need: int, budget: int) -> int:
+        """How many of `need` tokens a request runs this step: all of them if they fit the budget (0
+        if not), or with chunked prefill at most one chunk of what is left of the budget."""
+        if self.max_prefill_chunk is None:
+            return need if need <= budget else 0
+        return min(need, self.max_prefill_chunk, budget)
 
     def _make_room(self, request: Request) -> list[str]:
         """Give a running request the blocks for all its tokens, preempting the newest running

@@ -14,7 +14,8 @@ class ScheduledChunk:
         request:  | computed (start tokens) | token_ids (this step) | ...
                    0                     start                start + len(token_ids)
 
-    A prefill chunk brings the prompt, a decode chunk the one token sampled last step. When the
+    A prefill chunk brings the prompt (all of it, or with chunked prefill a piece of it), or after
+    a preemption the tokens to recompute; a decode chunk the one token sampled last step. When the
     chunk reaches the request's newest token (`samples`), its last logits give the next token.
     A padding chunk is a finished member of a static batch: it still occupies its row of the
     batch, so it runs one pad token whose result is thrown away.

@@ -538,3 +538,60 @@ class ReleasesOnFirstHolder(EvictingAllocator):
             raise ValueError(block)
         self.ref_counts[block] = 0  # WRONG: ignores the other holders
         (self.evictable if block in self.cached else self.free_queue).append(block)
+
+
+# ----------------------------------------------------------------------------- ch06.chunked_step
+
+
+@wrong("ch06.chunked_step", "Decodes come first")
+def chunked_step_in_arrival_order(running, waiting, free_slots, max_tokens_per_step, max_prefill_chunk):
+    budget, plan = max_tokens_per_step, []
+    for request_id, need in running:  # WRONG: an older prefill goes before the decodes
+        grant = min(need, max_prefill_chunk, budget)
+        if grant > 0:
+            plan.append((request_id, grant))
+            budget -= grant
+    for request_id, need in waiting:
+        grant = min(need, max_prefill_chunk, budget)
+        if free_slots == 0 or grant == 0:
+            break
+        plan.append((request_id, grant))
+        budget -= grant
+        free_slots -= 1
+    return plan
+
+
+@wrong("ch06.chunked_step", "at most one chunk")
+def chunked_step_without_the_chunk_limit(running, waiting, free_slots, max_tokens_per_step, max_prefill_chunk):
+    budget, plan = max_tokens_per_step, []
+    for request_id, need in [r for r in running if r[1] == 1] + [r for r in running if r[1] > 1]:
+        grant = min(need, budget)  # WRONG: a prefill takes all the budget allows, not one chunk
+        if grant > 0:
+            plan.append((request_id, grant))
+            budget -= grant
+    for request_id, need in waiting:
+        grant = min(need, budget)
+        if free_slots == 0 or grant == 0:
+            break
+        plan.append((request_id, grant))
+        budget -= grant
+        free_slots -= 1
+    return plan
+
+
+@wrong("ch06.chunked_step", "A prompt longer than the whole budget still starts")
+def chunked_step_admitting_only_whole_chunks(running, waiting, free_slots, max_tokens_per_step, max_prefill_chunk):
+    budget, plan = max_tokens_per_step, []
+    for request_id, need in [r for r in running if r[1] == 1] + [r for r in running if r[1] > 1]:
+        grant = min(need, max_prefill_chunk, budget)
+        if grant > 0:
+            plan.append((request_id, grant))
+            budget -= grant
+    for request_id, need in waiting:
+        grant = min(need, max_prefill_chunk)
+        if free_slots == 0 or grant > budget:  # WRONG: waits for room for a whole chunk
+            break
+        plan.append((request_id, grant))
+        budget -= grant
+        free_slots -= 1
+    return plan

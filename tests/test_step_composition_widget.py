@@ -1,0 +1,62 @@
+"""widgets/step_composition.py: the bars and latencies it draws come from the trace, exactly."""
+
+import pytest
+
+from minillm.trace import SlotState, StepRecord, Trace
+from tests.test_chunked_prefill import greedy, make_engine, serve
+from widgets.step_composition import StepComposition, composition, inter_token_latencies, render_frame
+
+
+def record(step: int, start: float, duration: float, *slots: tuple[str, int, str] | None) -> StepRecord:
+    return StepRecord(step, start, duration, tuple(None if s is None else SlotState(*s) for s in slots), (), ())
+
+
+# a prompt "B" of 7 tokens arrives while "A" decodes: unchunked it is one step of 8 tokens
+TRACE = Trace(2, [record(0, 10.0, 0.1, ("A", 3, "prefill"), None),
+                  record(1, 10.1, 0.1, ("A", 1, "decode"), None),
+                  record(2, 10.2, 0.5, ("A", 1, "decode"), ("B", 7, "prefill")),
+                  record(3, 10.7, 0.1, ("A", 1, "decode"), ("B", 1, "decode"))])
+
+
+def test_composition_stacks_each_steps_tokens_by_kind():
+    bars = composition(TRACE)
+    assert [b.start for b in bars] == pytest.approx([0.0, 0.1, 0.2, 0.7])
+    assert [(b.decode_tokens, b.prefill_tokens) for b in bars] == [(0, (("A", 3),)), (1, ()), (1, (("B", 7),)),
+                                                                   (2, ())]
+    assert [b.num_tokens for b in bars] == [3, 1, 8, 2]
+
+
+def test_inter_token_latencies_measure_from_the_previous_token_of_the_same_request():
+    points = inter_token_latencies(TRACE)
+    # A: first token at 0.1 (its prefill), then 0.2, 0.7 (the stall: B's prefill), 0.8; B: 0.7 then 0.8
+    assert [(round(t, 3), round(itl, 3), rid) for t, itl, rid in points] == [
+        (0.2, 0.1, "A"), (0.7, 0.5, "A"), (0.8, 0.1, "A"), (0.8, 0.1, "B")]
+
+
+def test_a_frame_draws_only_the_steps_begun_by_its_time():
+    early = render_frame(TRACE, 0.15, "unchunked", 0.8, 8, 0.5)
+    late = render_frame(TRACE, 0.8, "unchunked", 0.8, 8, 0.5)
+    assert 'data-steps="2"' in early and 'data-steps="4"' in late
+    assert "request B: 7 prompt tokens" not in early and "request B: 7 prompt tokens" in late
+    assert "longest step 500 ms" in late and "ITL p99 488 ms" in late  # 0.1, 0.1, 0.1, 0.5 s: p99 interpolated
+    assert late.count("<polyline") == 1 and late.count("<circle") == 1  # A's 3 gaps as a line, B's one as a dot
+    a_line = late[late.index("<polyline"):]
+    assert a_line[a_line.index('points="') + 8:].split('"')[0].count(",") == 3
+    assert "<polyline" not in early and "<circle" not in early
+
+
+def test_the_widget_shares_one_time_axis_and_refuses_empty_traces(model):
+    runs = {}
+    for name, chunk in (("unchunked", None), ("chunked", 8)):
+        engine = make_engine(model, "paged", chunk, max_tokens_per_step=64)
+        serve(engine, [(0, [5, 6, 7], greedy(16)), (3, list(range(20, 70)), greedy(2))])
+        runs[name] = engine.trace
+    widget = StepComposition(runs, max_frames=12)
+    assert len(widget.slider.options) == 12 == len(widget.stacks[0].children) == len(widget.stacks[1].children)
+    span = max(t.steps[-1].start_time + t.steps[-1].duration - t.steps[0].start_time for t in runs.values())
+    assert widget.slider.options[-1] == f"{span:.3f} s / {span:.3f} s"
+    chunked_last = widget.stacks[1].children[-1].value
+    assert "request 1: 8 prompt tokens" in chunked_last  # the 50-token prompt in chunks of 8
+    assert "request 1: 50 prompt tokens" in widget.stacks[0].children[-1].value  # unchunked: one step
+    with pytest.raises(ValueError, match="at least one recorded step"):
+        StepComposition({"empty": Trace(2)})

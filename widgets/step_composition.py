@@ -1,0 +1,153 @@
+"""Step composition: what each engine step ran, and what the decoding requests felt, replayed from
+real engine traces (`minillm/trace.py`) on one time axis.
+
+    ITL (ms)  ──────────╱╲──────────────        a line per decoding request: for each of its tokens,
+                                                  the time since its previous one (a stall is a peak)
+    tokens    ▁▁▁▁▁▁▁▁█████████▁▁▁▁▁▁▁▁▁▁▁▁       one bar per step, as wide as the step took:
+              ▁▁▁▁▁▁▁▁█████████▁▁▁▁▁▁▁▁▁▁▁▁       decode tokens (blue) under prefill tokens
+              0 s ──────────────────────► t        (a colour per prefilling request)
+
+Unchunked, a long prompt arrives as one tall, wide bar — every decoding request waits for it, and
+its dots jump. Chunked (chapter 6), the same prompt is a row of short bars, each with the decodes
+underneath. `composition`, `inter_token_latencies` and `render_frame` are pure; the widget
+precomputes frames and plays them with `widgets/animation.py`.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+
+from minillm.metrics import percentile
+from minillm.trace import Trace
+from widgets.animation import Animation
+from widgets.slot_timeline import request_colour
+
+PLOT_W, ITL_H, BAR_H, LEFT, TOP, GAP = 760, 90, 110, 64, 30, 26
+DECODE = "#4c78a8"
+
+
+@dataclass(frozen=True)
+class StepBar:
+    start: float  # seconds since the trace's first step began
+    duration: float
+    decode_tokens: int
+    prefill_tokens: tuple[tuple[str, int], ...]  # (request, prompt tokens it ran this step), in slot order
+
+    @property
+    def num_tokens(self) -> int:
+        return self.decode_tokens + sum(n for _, n in self.prefill_tokens)
+
+
+def composition(trace: Trace) -> list[StepBar]:
+    """One bar per recorded step, times relative to the first one."""
+    if not trace.steps:
+        return []
+    origin = trace.steps[0].start_time
+    return [StepBar(s.start_time - origin, s.duration, s.decode_tokens, tuple(s.prefill_tokens.items()))
+            for s in trace.steps]
+
+
+def inter_token_latencies(trace: Trace) -> list[tuple[float, float, str]]:
+    """(time of the token, seconds since that request's previous token, request) for every token a
+    request produced by decoding. A request's tokens come at the end of its decode steps; its first
+    token at the end of the prefill step just before its first decode."""
+    if not trace.steps:
+        return []
+    origin, points, last_token = trace.steps[0].start_time, [], {}
+    for record in trace.steps:
+        end = record.start_time + record.duration - origin
+        for state in record.slots:
+            if state is None or state.num_tokens == 0:
+                continue
+            if state.phase == "decode":
+                if state.request_id in last_token:
+                    points.append((end, end - last_token[state.request_id], state.request_id))
+                last_token[state.request_id] = end
+            elif state.phase == "prefill":  # its last chunk samples the first token: the next decode's ITL base
+                last_token[state.request_id] = end
+    return points
+
+
+def render_frame(trace: Trace, upto: float, title: str, time_span: float, max_tokens: int, max_itl: float) -> str:
+    """SVG of the steps that began by `upto` seconds. `time_span`, `max_tokens` and `max_itl` (seconds)
+    fix the scales, so that panels drawn side by side compare at a glance."""
+    bars = [b for b in composition(trace) if b.start <= upto]
+    itls = [p for p in inter_token_latencies(trace) if p[0] <= upto + 1e-9]
+    x_of = lambda t: LEFT + PLOT_W * t / max(time_span, 1e-9)  # noqa: E731
+    bar_top = TOP + ITL_H + GAP
+    width, height = LEFT + PLOT_W + 16, bar_top + BAR_H + 34
+    worst = max((b.duration for b in bars), default=0.0)
+    p99 = percentile([itl for _, itl, _ in itls], 99) if itls else 0.0
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="step-composition" width="{width}" height="{height}" '
+             f'viewBox="0 0 {width} {height}" style="max-width:100%;height:auto" data-step="{upto:.3f}" '
+             f'data-steps="{len(bars)}" '
+             'font-family="sans-serif" font-size="11">',
+             f'<text x="0" y="14" font-weight="bold">{html.escape(title)}</text>',
+             f'<text x="{width - 8}" y="14" text-anchor="end">{upto:.2f} s · {len(bars)} steps · longest step '
+             f'{worst * 1e3:.0f} ms · ITL p99 {p99 * 1e3:.0f} ms</text>']
+    # the ITL panel: one dot per decoded token
+    parts.append(f'<rect x="{LEFT}" y="{TOP}" width="{PLOT_W}" height="{ITL_H}" fill="#fafafa" stroke="#ddd"/>')
+    parts.append(f'<text x="{LEFT - 6}" y="{TOP + 10}" text-anchor="end">{max_itl * 1e3:.0f} ms</text>'
+                 f'<text x="{LEFT - 6}" y="{TOP + ITL_H}" text-anchor="end">0</text>'
+                 f'<text x="4" y="{TOP + ITL_H / 2 + 4}">ITL</text>')
+    by_request: dict[str, list[tuple[float, float]]] = {}
+    for t, itl, rid in itls:  # one line per decoding request (dots would make every frame heavy)
+        y = TOP + ITL_H - ITL_H * min(itl / max(max_itl, 1e-9), 1.0)
+        by_request.setdefault(rid, []).append((x_of(t), y))
+    for rid, points in by_request.items():
+        tip = f"<title>request {html.escape(rid)}: the gap before each of its tokens</title>"
+        if len(points) == 1:
+            parts.append(f'<circle cx="{points[0][0]:.1f}" cy="{points[0][1]:.1f}" r="2" '
+                         f'fill="{request_colour(rid)}">{tip}</circle>')
+        else:
+            path = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
+            parts.append(f'<polyline points="{path}" fill="none" stroke="{request_colour(rid)}" stroke-width="1.2">'
+                         f'{tip}</polyline>')
+    # the bars: decode tokens at the bottom, prefill chunks stacked on top
+    parts.append(f'<rect x="{LEFT}" y="{bar_top}" width="{PLOT_W}" height="{BAR_H}" fill="#fafafa" stroke="#ddd"/>')
+    parts.append(f'<text x="{LEFT - 6}" y="{bar_top + 10}" text-anchor="end">{max_tokens}</text>'
+                 f'<text x="{LEFT - 6}" y="{bar_top + BAR_H}" text-anchor="end">0</text>'
+                 f'<text x="4" y="{bar_top + BAR_H / 2 + 4}">tokens</text>')
+    per_token = BAR_H / max(max_tokens, 1)
+    for b in bars:
+        x, w = x_of(b.start), max(1.0, x_of(b.start + b.duration) - x_of(b.start) - 0.5)
+        y = bar_top + BAR_H
+        pieces = [("decode", b.decode_tokens, DECODE)] + [(rid, n, request_colour(rid)) for rid, n in b.prefill_tokens]
+        for who, n, colour in pieces:
+            if n == 0:
+                continue
+            h = n * per_token
+            y -= h
+            rect = f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" fill="{colour}"'
+            if who == "decode":  # most steps: no tooltip, to keep the frames light
+                parts.append(rect + "/>")
+            else:
+                parts.append(f"{rect}><title>request {html.escape(who)}: {n} prompt tokens in a step of "
+                             f"{b.duration * 1e3:.1f} ms</title></rect>")
+    cursor = x_of(upto)
+    parts.append(f'<line x1="{cursor:.1f}" y1="{TOP}" x2="{cursor:.1f}" y2="{bar_top + BAR_H}" stroke="#c00" '
+                 'stroke-width="1.2"/>')
+    parts.append(f'<text x="{LEFT}" y="{height - 8}" fill="#555">blue: decode tokens · other colours: prompt tokens '
+                 f'of one request (a prefill or a chunk of one) · bar width: the step\'s time · axis: 0 to '
+                 f'{time_span:.2f} s</text></svg>')
+    return "".join(parts)
+
+
+class StepComposition(Animation):
+    """Animated step composition of one or more traces on one time axis (e.g. the same arrivals
+    unchunked and chunked); the slider names the time shown."""
+
+    def __init__(self, traces: dict[str, Trace], max_frames: int = 30, interval_ms: int = 250):
+        if not traces or any(not t.steps for t in traces.values()):
+            raise ValueError("every trace needs at least one recorded step")
+        bars = {name: composition(t) for name, t in traces.items()}
+        span = max(b[-1].start + b[-1].duration for b in bars.values())
+        max_tokens = max(b.num_tokens for steps in bars.values() for b in steps)
+        max_itl = max((itl for t in traces.values() for _, itl, _ in inter_token_latencies(t)), default=0.0)
+        count = max(2, max_frames)
+        labels = {f"{span * i / (count - 1):.3f} s / {span:.3f} s": span * i / (count - 1) for i in range(count)}
+        self.times = list(labels.values())  # a very short run gives fewer distinct frames
+        panels = [[render_frame(trace, t, name, span, max_tokens, max_itl) for t in self.times]
+                  for name, trace in traces.items()]
+        super().__init__(panels, list(labels), interval_ms=interval_ms)
