@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from minillm.attention import DenseAttention
-from minillm.attention.paged import PagedKVCache, kv_bytes_per_token
-from minillm.attention.paged_ops import _similar_lengths, paged_decode_attention
+from minillm.attention.paged import PagedKVCache, kv_bytes_per_token, similar_lengths
+from minillm.attention.paged_ops import paged_decode_attention
 
 HEAD_DIM, NUM_BLOCKS = 8, 40
 
@@ -21,12 +21,14 @@ def random_tables(lengths: list[int], block_size: int, gen: torch.Generator) -> 
     return tables
 
 
+@pytest.mark.parametrize("mix", ["boundaries", "short and long"])
 @pytest.mark.parametrize("block_size", [8, 16, 32])
 @pytest.mark.parametrize("heads,kv_heads", [(4, 2), (6, 1), (2, 2)])
-def test_prefill_then_mixed_pass_equals_dense_attention(block_size, heads, kv_heads):
+def test_prefill_then_mixed_pass_equals_dense_attention(block_size, heads, kv_heads, mix):
     gen = torch.Generator().manual_seed(block_size * heads)
-    # lengths on, just past, and inside block boundaries; the last sequence has 2 tokens
-    lengths = [block_size, block_size + 1, 2 * block_size + 5, 2]
+    # lengths on, just past, and inside block boundaries; the last sequence has 2 tokens. Or a long
+    # context beside short ones: the decode pass then attends in two groups of similar lengths
+    lengths = [block_size, block_size + 1, 2 * block_size + 5, 2] if mix == "boundaries" else [block_size, 150, 2]
     seqs = [(torch.randn(n, heads, HEAD_DIM, generator=gen), torch.randn(n, kv_heads, HEAD_DIM, generator=gen),
              torch.randn(n, kv_heads, HEAD_DIM, generator=gen)) for n in lengths]
     cache = PagedKVCache(1, NUM_BLOCKS, block_size, kv_heads, HEAD_DIM)
@@ -36,7 +38,9 @@ def test_prefill_then_mixed_pass_equals_dense_attention(block_size, heads, kv_he
     q, k, v = (torch.cat([s[j][:m] for s, m in zip(seqs, first)]) for j in range(3))
     cache.batch(tables, [0] * len(lengths), first).attend(0, q, k, v, scale=0.3)
     q, k, v = (torch.cat([s[j][m:] for s, m in zip(seqs, first)]) for j in range(3))
-    out = cache.batch(tables, first, [1] * len(lengths)).attend(0, q, k, v, scale=0.3)
+    decode_pass = cache.batch(tables, first, [1] * len(lengths))
+    assert len(decode_pass.decode_groups) == (1 if mix == "boundaries" else 2)
+    out = decode_pass.attend(0, q, k, v, scale=0.3)
     expected = DenseAttention(lengths).attend(0, *(torch.cat([s[j] for s in seqs]) for j in range(3)), scale=0.3)
     last_rows = torch.stack([e[-1] for e in expected.split(lengths)])
     torch.testing.assert_close(out, last_rows, atol=1e-5, rtol=0)
@@ -44,8 +48,8 @@ def test_prefill_then_mixed_pass_equals_dense_attention(block_size, heads, kv_he
 
 @pytest.mark.parametrize("lengths", [[1, 4, 5, 11], [3, 140, 7, 2]], ids=["one group", "two groups"])
 def test_decode_reference_equals_a_per_sequence_loop(lengths):
-    """The second set mixes short and long contexts: the reference then attends group by group (each
-    padded to its own longest), and must still give every sequence its own answer."""
+    """The second set mixes short and long contexts (padded to the longest, the short rows must
+    still see only their own keys)."""
     gen = torch.Generator().manual_seed(0)
     block_size, heads, kv_heads = 4, 4, 2
     k_cache = torch.randn(NUM_BLOCKS, block_size, kv_heads, HEAD_DIM, generator=gen)
@@ -74,5 +78,5 @@ def test_sizes_and_misuse():
 
 
 def test_decode_contexts_are_grouped_by_similar_length():
-    assert _similar_lengths([5, 40, 64, 100]) == [[0, 1, 2, 3]]  # all within 2 x 64: one group, one call
-    assert _similar_lengths([1500, 30, 200, 90, 1400]) == [[1, 3], [2], [4, 0]]  # <=128, <=400, then the long ones
+    assert similar_lengths([5, 40, 64, 100]) == [[0, 1, 2, 3]]  # all within 2 x 64: one group, one call
+    assert similar_lengths([1500, 30, 200, 90, 1400]) == [[1, 3], [2], [4, 0]]  # <=128, <=400, then the long ones

@@ -66,25 +66,33 @@ def nobody_overtakes_a_waiting_request_that_does_not_fit(impl: Callable) -> None
           "big does not fit, and small may not overtake it")
 
 
-def _random_step(rng: random.Random) -> tuple[list, list, int, int, Plan]:
-    """A random scheduler state and the engine's ContinuousScheduler's decision on it."""
+def random_scheduler(rng: random.Random, max_prompt: int = 40, decode_weight: int = 3,
+                     max_prefill_chunk: int | None = None) -> tuple[Any, list, list, int, int]:
+    """minillm's ContinuousScheduler in a random state: running requests decoding (weight
+    `decode_weight` against one for mid-prompt), a waiting queue. Returns (scheduler, running, waiting,
+    free slots, budget), the lists as (request id, tokens it needs)."""
     from minillm.request import Request
     from minillm.sampling import SamplingParams
     from minillm.scheduler import ContinuousScheduler
 
     slots, budget = rng.randint(1, 6), rng.randint(1, 60)
-    scheduler = ContinuousScheduler(slots, 512, budget)
+    scheduler = ContinuousScheduler(slots, 512, budget, max_prefill_chunk=max_prefill_chunk)
     for i in range(rng.randint(0, slots)):  # running requests: decoding or mid-prompt
-        r = Request(f"r{i}", [1] * rng.randint(1, 40), SamplingParams(), 0.0)
+        r = Request(f"r{i}", [1] * rng.randint(1, max_prompt), SamplingParams(), 0.0)
         scheduler.add(r)
         scheduler.waiting.remove(r)
         scheduler._admit(r)
-        r.num_computed_tokens = r.num_tokens - rng.choice([1, 1, 1, rng.randint(1, r.num_tokens)])
+        r.num_computed_tokens = r.num_tokens - rng.choice([1] * decode_weight + [rng.randint(1, r.num_tokens)])
     for i in range(rng.randint(0, 5)):
-        scheduler.add(Request(f"w{i}", [1] * rng.randint(1, 40), SamplingParams(), 0.0))
+        scheduler.add(Request(f"w{i}", [1] * rng.randint(1, max_prompt), SamplingParams(), 0.0))
     running = [(r.request_id, r.num_uncomputed_tokens) for r in scheduler.running]
     waiting = [(r.request_id, r.num_uncomputed_tokens) for r in scheduler.waiting]
-    free = len(scheduler.free_slots)
+    return scheduler, running, waiting, len(scheduler.free_slots), budget
+
+
+def _random_step(rng: random.Random) -> tuple[list, list, int, int, Plan]:
+    """A random scheduler state and the engine's ContinuousScheduler's decision on it."""
+    scheduler, running, waiting, free, budget = random_scheduler(rng)
     out = scheduler.schedule()
     want = ([(c.request_id, c.num_tokens) for c in out.chunks], [r.request_id for r in out.new_requests])
     return running, waiting, free, budget, want

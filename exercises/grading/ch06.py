@@ -6,6 +6,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+from exercises.grading.ch03 import random_scheduler
 from exercises.grading.core import call, exercise, expect
 
 chunked_step = exercise("ch06.chunked_step", "ch06_chunked_step", "plan_chunked_step")
@@ -89,23 +90,9 @@ def the_arguments_are_left_unchanged(impl: Callable) -> None:
 
 def _random_step(rng: random.Random) -> tuple[Plan, Plan, int, int, int, Plan]:
     """A random scheduler state and the engine's ContinuousScheduler's decision on it, chunked."""
-    from minillm.request import Request
-    from minillm.sampling import SamplingParams
-    from minillm.scheduler import ContinuousScheduler
-
-    slots, budget, chunk = rng.randint(1, 6), rng.randint(1, 60), rng.choice([1, 3, 8, 16, 64])
-    scheduler = ContinuousScheduler(slots, 512, budget, max_prefill_chunk=chunk)
-    for i in range(rng.randint(0, slots)):  # running requests: decoding or mid-prompt
-        r = Request(f"r{i}", [1] * rng.randint(1, 80), SamplingParams(), 0.0)
-        scheduler.add(r)
-        scheduler.waiting.remove(r)
-        scheduler._admit(r)
-        r.num_computed_tokens = r.num_tokens - rng.choice([1, 1, rng.randint(1, r.num_tokens)])
-    for i in range(rng.randint(0, 5)):
-        scheduler.add(Request(f"w{i}", [1] * rng.randint(1, 80), SamplingParams(), 0.0))
-    running = [(r.request_id, r.num_uncomputed_tokens) for r in scheduler.running]
-    waiting = [(r.request_id, r.num_uncomputed_tokens) for r in scheduler.waiting]
-    free = len(scheduler.free_slots)
+    chunk = rng.choice([1, 3, 8, 16, 64])
+    scheduler, running, waiting, free, budget = random_scheduler(rng, max_prompt=80, decode_weight=2,
+                                                                 max_prefill_chunk=chunk)
     out = scheduler.schedule()
     return running, waiting, free, budget, chunk, [(c.request_id, c.num_tokens) for c in out.chunks]
 

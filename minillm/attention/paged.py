@@ -83,7 +83,8 @@ class PagedBatch:
 
     Every new token's K/V is written to its slot in one call (`store_kv`). Decode rows (one new
     token: a decode, or a prefill chunk of one token) then attend in one `paged_decode_attention`
-    call through their block tables, and the rows of sequences bringing several tokens (a prefill,
+    call through their block tables (the torch reference: one call per group of similar context
+    lengths, grouped here once per pass), and the rows of sequences bringing several tokens (a prefill,
     or a chunk extending one) in one `paged_prefill_attention` call. Index tensors are built once
     and reused by every layer.
     """
@@ -97,17 +98,17 @@ class PagedBatch:
         self.slot_mapping = torch.tensor(slots, dtype=torch.long, device=device)  # (num_tokens,)
         offsets = [0, *itertools.accumulate(query_lens)][:-1]
         decode = [i for i, n in enumerate(query_lens) if n == 1]
-        self.decode_rows = torch.tensor([offsets[i] for i in decode], dtype=torch.long, device=device)
-        width = max((len(block_tables[i]) for i in decode), default=0)
-        # (num_decode, width): tables padded with block 0, which is never read past a context length
-        self.decode_tables = torch.tensor([list(block_tables[i]) + [0] * (width - len(block_tables[i]))
-                                           for i in decode], dtype=torch.int32, device=device)
-        self.decode_context_lens = torch.tensor([starts[i] + 1 for i in decode], dtype=torch.int32, device=device)
+        groups = [decode]
+        if cache.ops is paged_ops:  # the torch reference pads each call's rows to its longest context
+            groups = [[decode[j] for j in group] for group in similar_lengths([starts[i] + 1 for i in decode])]
+        # per group of decode rows: (rows of q, (rows, width) block tables, context lengths)
+        self.decode_groups = [(torch.tensor([offsets[i] for i in group], dtype=torch.long, device=device),
+                               _padded_tables(block_tables, group, device),
+                               torch.tensor([starts[i] + 1 for i in group], dtype=torch.int32, device=device))
+                              for group in groups if group]
         # prefill / extend rows: every sequence bringing several tokens, in one call per layer
         prefill = [i for i, n in enumerate(query_lens) if n > 1]
-        width = max((len(block_tables[i]) for i in prefill), default=0)
-        self.prefill_tables = torch.tensor([list(block_tables[i]) + [0] * (width - len(block_tables[i]))
-                                            for i in prefill], dtype=torch.int32, device=device)
+        self.prefill_tables = _padded_tables(block_tables, prefill, device)
         self.prefill_rows = torch.tensor([offsets[i] for i in prefill], dtype=torch.int32, device=device)
         self.prefill_lens = torch.tensor([query_lens[i] for i in prefill], dtype=torch.int32, device=device)
         self.prefill_starts = torch.tensor([starts[i] for i in prefill], dtype=torch.int32, device=device)
@@ -118,10 +119,30 @@ class PagedBatch:
         ops, k_cache, v_cache = self.cache.ops, self.cache.k[layer], self.cache.v[layer]
         ops.store_kv(k, v, k_cache, v_cache, self.slot_mapping)
         out = torch.empty_like(q)
-        if len(self.decode_rows):
-            out[self.decode_rows] = ops.paged_decode_attention(q[self.decode_rows], k_cache, v_cache,
-                                                               self.decode_tables, self.decode_context_lens, scale)
+        for rows, tables, context_lens in self.decode_groups:
+            out[rows] = ops.paged_decode_attention(q[rows], k_cache, v_cache, tables, context_lens, scale)
         if self.max_prefill_len:
             ops.paged_prefill_attention(q, k_cache, v_cache, self.prefill_tables, self.prefill_rows, self.prefill_lens,
                                         self.prefill_starts, scale, out, self.max_prefill_len)
         return out
+
+
+def _padded_tables(block_tables: Sequence[Sequence[int]], rows: list[int], device) -> torch.Tensor:
+    """(len(rows), width) int32: the rows' block tables padded with block 0, never read past a context."""
+    width = max((len(block_tables[i]) for i in rows), default=0)
+    return torch.tensor([list(block_tables[i]) + [0] * (width - len(block_tables[i])) for i in rows],
+                        dtype=torch.int32, device=device)
+
+
+def similar_lengths(lengths: list[int], floor: int = 64) -> list[list[int]]:
+    """Indices grouped so that no group's longest context is more than twice its shortest (contexts
+    under `floor` count as `floor`): one decode with a long context then no longer pads every short
+    one up to its length in the torch reference. Usually a single group."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and lengths[i] <= 2 * max(lengths[groups[-1][0]], floor):
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups

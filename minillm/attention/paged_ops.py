@@ -44,14 +44,6 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     sequence's last block are never read; context_lens: (num_seqs,) int >= 1.
     Returns (num_seqs, num_heads, head_dim).
     """
-    groups = _similar_lengths(context_lens.tolist())
-    if len(groups) > 1:  # attend group by group, each padded only to its own longest
-        out = torch.empty_like(q)
-        for rows in groups:
-            index = torch.tensor(rows, device=q.device)
-            out[index] = paged_decode_attention(q[index], k_cache, v_cache, block_tables[index], context_lens[index],
-                                                scale)
-        return out
     num_seqs, heads, head_dim = q.shape
     block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
     longest = int(context_lens.max())
@@ -67,20 +59,6 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     out = F.scaled_dot_product_attention(queries, keys.transpose(1, 2), values.transpose(1, 2),
                                          attn_mask=visible[:, None, None], scale=scale)
     return out.reshape(num_seqs, heads, head_dim)
-
-
-def _similar_lengths(lengths: list[int], floor: int = 64) -> list[list[int]]:
-    """Indices grouped so that no group's longest context is more than twice its shortest (contexts
-    under `floor` count as `floor`): one decode with a long context then no longer pads every short
-    one up to its length. Usually a single group."""
-    order = sorted(range(len(lengths)), key=lengths.__getitem__)
-    groups: list[list[int]] = []
-    for i in order:
-        if groups and lengths[i] <= 2 * max(lengths[groups[-1][0]], floor):
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    return groups
 
 
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -261,6 +261,22 @@ def _check_cache_shapes(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
                          f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
 
 
+def _check_against_cache(num_seqs: int, num_heads: int, head_dim: int, k_cache: torch.Tensor,
+                         block_tables: torch.Tensor) -> tuple[int, int]:
+    """What both attention kernels need of the query heads, the cache and the block tables; returns
+    (block_size, num_kv_heads)."""
+    _, block_size, num_kv_heads, cache_head_dim = k_cache.shape
+    if head_dim != cache_head_dim:
+        raise ValueError(f"q has head_dim {head_dim} but the cache has {cache_head_dim}")
+    if num_heads % num_kv_heads != 0:
+        raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+    if block_size & (block_size - 1) != 0:
+        raise ValueError(f"block_size must be a power of two, got {block_size}")
+    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs:
+        raise ValueError(f"block_tables must be ({num_seqs}, max_blocks), got {tuple(block_tables.shape)}")
+    return block_size, num_kv_heads
+
+
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """Write each new token's K and V into its slot, in place.
@@ -306,15 +322,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if q.dim() != 3:
         raise ValueError(f"q must be (num_seqs, num_heads, head_dim), got {tuple(q.shape)}")
     num_seqs, num_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, cache_head_dim = k_cache.shape
-    if head_dim != cache_head_dim:
-        raise ValueError(f"q has head_dim {head_dim} but the cache has {cache_head_dim}")
-    if num_heads % num_kv_heads != 0:
-        raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
-    if block_size & (block_size - 1) != 0:
-        raise ValueError(f"block_size must be a power of two, got {block_size}")
-    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs:
-        raise ValueError(f"block_tables must be ({num_seqs}, max_blocks), got {tuple(block_tables.shape)}")
+    block_size, num_kv_heads = _check_against_cache(num_seqs, num_heads, head_dim, k_cache, block_tables)
     if context_lens.shape != (num_seqs,):
         raise ValueError(f"context_lens must be ({num_seqs},), got {tuple(context_lens.shape)}")
     _check_same_device(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, context_lens=context_lens)
@@ -353,15 +361,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                          f"{tuple(out.shape)}")
     num_seqs = query_starts.shape[0]
     _, num_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, cache_head_dim = k_cache.shape
-    if head_dim != cache_head_dim:
-        raise ValueError(f"q has head_dim {head_dim} but the cache has {cache_head_dim}")
-    if num_heads % num_kv_heads != 0:
-        raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
-    if block_size & (block_size - 1) != 0:
-        raise ValueError(f"block_size must be a power of two, got {block_size}")
-    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs:
-        raise ValueError(f"block_tables must be ({num_seqs}, max_blocks), got {tuple(block_tables.shape)}")
+    block_size, num_kv_heads = _check_against_cache(num_seqs, num_heads, head_dim, k_cache, block_tables)
     for name, t in (("query_starts", query_starts), ("query_lens", query_lens), ("context_starts", context_starts)):
         if t.shape != (num_seqs,):
             raise ValueError(f"{name} must be ({num_seqs},), one entry per sequence, got {tuple(t.shape)}")
