@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minillm.sampling import is_int
+from minillm.sampling import is_bool, is_int
 
 BATCHING = ("static", "continuous")
 KV_LAYOUTS = ("contiguous", "paged")
@@ -60,17 +60,16 @@ class EngineConfig:
         if (not isinstance(self.gpu_memory_utilization, int | float) or isinstance(self.gpu_memory_utilization, bool)
                 or not 0 < self.gpu_memory_utilization <= 1):
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
-        if not isinstance(self.chunked_prefill, bool):
-            raise ValueError(f"chunked_prefill must be True or False, got {self.chunked_prefill!r}")
+        for name in ("chunked_prefill", "prefix_cache") + (("use_triton",) if self.use_triton is not None else ()):
+            if not is_bool(getattr(self, name)):
+                allowed = "None, True or False" if name == "use_triton" else "True or False"
+                raise ValueError(f"{name} must be {allowed}, got {getattr(self, name)!r}")
+            object.__setattr__(self, name, bool(getattr(self, name)))  # a numpy bool becomes a plain bool
         if self.chunked_prefill and self.batching != "continuous":
             raise ValueError("chunked_prefill=True needs batching='continuous' (chunks share steps with running "
                              "decodes)")
-        if not isinstance(self.prefix_cache, bool):
-            raise ValueError(f"prefix_cache must be True or False, got {self.prefix_cache!r}")
         if self.prefix_cache and self.kv != "paged":
             raise ValueError("prefix_cache=True needs kv='paged': cached blocks are shared by reference")
-        if self.use_triton is not None and not isinstance(self.use_triton, bool):
-            raise ValueError(f"use_triton must be None, True or False, got {self.use_triton!r}")
         if self.device not in (None, "cpu", "cuda") and not str(self.device).startswith("cuda:"):
             raise ValueError(f"device must be None, 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         if self.dtype not in (None, "float32", "float16", "bfloat16"):

@@ -111,7 +111,8 @@ class LLMEngine:
     def _make_kv_cache(self) -> tuple[ContiguousKVCache | PagedKVCache, BlockPool | None]:
         """A contiguous cache (a max_model_len slot per batch slot), or a paged cache sized from a byte
         budget: `kv_cache_bytes`, else free GPU memory x `gpu_memory_utilization` on CUDA, else what
-        the contiguous cache would reserve. Refuses, with the numbers, a cache the device cannot hold."""
+        the contiguous cache would reserve (rounded up to whole blocks). Refuses, with the numbers, a
+        cache the device cannot hold."""
         config, model, spec = self.config, self.model, self.model.config
         per_token = kv_bytes_per_token(spec.num_layers, spec.num_kv_heads, spec.head_dim, model.dtype)
         if config.kv == "contiguous":
@@ -125,8 +126,8 @@ class LLMEngine:
         budget = config.kv_cache_bytes
         if budget is None and model.device.type == "cuda":
             budget = int(torch.cuda.mem_get_info(model.device)[0] * config.gpu_memory_utilization)
-        elif budget is None:
-            budget = config.max_num_seqs * self.max_model_len * per_token
+        elif budget is None:  # whole blocks: every slot can hold a max_model_len request
+            budget = config.max_num_seqs * -(-self.max_model_len // config.block_size) * config.block_size * per_token
         num_blocks = budget // (per_token * config.block_size)
         if num_blocks < 1:
             raise ValueError(f"a KV budget of {budget} bytes holds no block of {config.block_size} tokens "
@@ -331,11 +332,12 @@ class LLMEngine:
             chunk = ran.get(slot)
             idle = chunk is None or chunk.is_padding  # padding is computed, but is no useful work
             phase = "idle" if idle else ("prefill" if chunk.is_prefill else "decode")
-            slots[slot] = SlotState(request_id, 0 if idle else chunk.num_tokens, phase)
+            slots[slot] = SlotState(request_id, 0 if idle else chunk.num_tokens, phase, not idle and chunk.samples)
         for chunk in output.chunks:  # requests that finished this step no longer own their slot
             if slots[chunk.slot] is None:
                 phase = "idle" if chunk.is_padding else ("prefill" if chunk.is_prefill else "decode")
-                slots[chunk.slot] = SlotState(chunk.request_id, 0 if chunk.is_padding else chunk.num_tokens, phase)
+                slots[chunk.slot] = SlotState(chunk.request_id, 0 if chunk.is_padding else chunk.num_tokens, phase,
+                                              not chunk.is_padding and chunk.samples)
         useful = [c for c in output.chunks if not c.is_padding]
         finished = tuple(c.request_id for c in useful if self.requests[c.request_id].status.is_done)
         running = self.scheduler.running

@@ -27,6 +27,11 @@ def is_int(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def is_bool(value) -> bool:
+    """True or False, Python's or numpy's (np.bool_ is no subclass of bool)."""
+    return isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ == "bool")
+
+
 def _is_number(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 

@@ -16,6 +16,7 @@ class SlotState:
     request_id: str
     num_tokens: int  # tokens this request ran in the step (0: it holds the slot but did not run)
     phase: str  # "prefill" | "decode" | "idle"
+    sampled: bool = True  # the step gave it a new token (not: idle, or a prefill chunk that ends mid-prompt)
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 unchunked engine and of chapter 1's naive loop — on both caches, with the prefix cache, under
 preemption — and the scheduler fills each step decodes first."""
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -168,6 +169,15 @@ def test_the_step_is_filled_decodes_first_then_prefills_in_progress_then_newcome
 def test_bad_chunking_settings_are_refused(bad, match):
     with pytest.raises(ValueError, match=match):
         EngineConfig(**bad)
+
+
+def test_numpy_bools_are_accepted_as_plain_bools():
+    config = EngineConfig(chunked_prefill=np.bool_(True), kv="paged", prefix_cache=np.bool_(False),
+                          use_triton=np.bool_(False))
+    assert (config.chunked_prefill, config.prefix_cache, config.use_triton) == (True, False, False)
+    assert all(type(v) is bool for v in (config.chunked_prefill, config.prefix_cache, config.use_triton))
+    with pytest.raises(ValueError, match="use_triton must be None, True or False"):
+        EngineConfig(use_triton="no")
 
 
 def test_chunks_survive_forced_preemption_and_come_back_in_chunks(model):

@@ -92,6 +92,13 @@ def test_kv_budget_gives_the_number_of_blocks(model):
     assert "7 blocks" in engine.cache.describe()
     default = LLMEngine(model, ByteTokenizer(), EngineConfig(max_num_seqs=3, max_model_len=64, kv="paged"))
     assert default.pool.num_blocks * 16 == 3 * 64  # by default: what the contiguous cache would reserve
+    # ... in whole blocks: 60 tokens need 4 blocks of 16 (rounding down to 3 refused a 60-token request)
+    odd = LLMEngine(model, ByteTokenizer(), EngineConfig(max_num_seqs=1, max_model_len=60, kv="paged"))
+    assert odd.pool.num_blocks == 4
+    request = odd.add_request(list(range(3, 58)), SamplingParams(temperature=0, max_new_tokens=5, ignore_eos=True))
+    while odd.has_unfinished():
+        odd.step()
+    assert len(odd.output(request.request_id).token_ids) == 5
     with pytest.raises(ValueError, match="holds no block"):
         LLMEngine(model, ByteTokenizer(), EngineConfig(kv="paged", kv_cache_bytes=10))
     with pytest.raises(ValueError, match="continuous"):

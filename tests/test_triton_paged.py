@@ -327,6 +327,15 @@ def test_prefill_rejects_bad_shapes(kernels):
         kernels.paged_prefill_attention(q3, k_cache, k_cache, tables, one, one, one, 1.0, q3.clone())
 
 
+@pytest.mark.skipif(not INTERPRET, reason="the interpreter's own bfloat16 path")
+def test_prefill_bfloat16_in_the_interpreter(kernels):
+    """Triton's interpreter computes bfloat16 tl.dot wrongly (triton-lang/triton#11584); the wrapper
+    upcasts there, so bfloat16 runs on a CPU give bfloat16-accurate attention, not garbage."""
+    tol = 1.6e-2
+    check_prefill(kernels, [(0, 21), (13, 9), (7, 1)], block_size=8, num_heads=4, num_kv_heads=2, head_dim=48,
+                  seed=3, dtype=torch.bfloat16, atol=tol, rtol=tol)
+
+
 # ---------------------------------------------------------------------------------------------------- CUDA only
 
 LOW_PRECISION = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}  # a few ulps of the output's dtype
@@ -392,7 +401,7 @@ for dtype, index in [("fp32", "i32"), ("fp16", "i32"), ("bf16", "i64")]:
                              {**data, "block_tables_ptr": "*" + index, "query_starts_ptr": "*" + index,
                               "query_lens_ptr": "*" + index, "context_starts_ptr": "*" + index, "scale": "fp32"},
                              {"BLOCK_SIZE": 16, "BLOCK_M": 16, "BLOCK_N": 32, "HEAD_DIM_PADDED": 128,
-                              "PRECISION": "ieee" if dtype == "fp32" else "tf32"})
+                              "PRECISION": "ieee" if dtype == "fp32" else "tf32", "UPCAST": False})
     assert decode.asm["cubin"] and store.asm["cubin"] and prefill.asm["cubin"]
     print(dtype, index, "compiled")
 """

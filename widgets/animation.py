@@ -33,17 +33,19 @@ class StillFallback:
 
 class Animation(StillFallback, W.VBox):
     """Panels of precomputed HTML frames (one list per panel, all the same length), one label per
-    frame shown on the slider (e.g. "step 23 / 40"), and the frame a still picture shows."""
+    frame shown on the slider (e.g. "step 23 / 40"), the frame a still picture shows, and the frame
+    shown first (`start`; Play from the last frame starts again at the first)."""
 
     def __init__(self, panels: Sequence[Sequence[str]], labels: Sequence[str], still: int = -1,
-                 interval_ms: int = 120):
+                 interval_ms: int = 120, start: int = 0):
         if not panels or any(len(frames) != len(labels) for frames in panels) or not labels:
             raise ValueError("every panel needs one frame per label, and there must be at least one")
         if len(set(labels)) != len(labels):
             raise ValueError("frame labels must be distinct")
-        self.stacks = [W.Stack([W.HTML(frame) for frame in frames], selected_index=0) for frames in panels]
-        self.play = W.Play(value=0, min=0, max=len(labels) - 1, step=1, interval=interval_ms, description="play")
-        self.slider = W.SelectionSlider(options=list(labels), index=0, description="", continuous_update=True,
+        start = range(len(labels))[start]  # -1: the last frame
+        self.stacks = [W.Stack([W.HTML(frame) for frame in frames], selected_index=start) for frames in panels]
+        self.play = W.Play(value=start, min=0, max=len(labels) - 1, step=1, interval=interval_ms, description="play")
+        self.slider = W.SelectionSlider(options=list(labels), index=start, description="", continuous_update=True,
                                         layout=W.Layout(width="480px"))
         W.jslink((self.play, "value"), (self.slider, "index"))
         for stack in self.stacks:

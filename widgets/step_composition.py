@@ -1,14 +1,15 @@
 """Step composition: what each engine step ran, and what the decoding requests felt, replayed from
 real engine traces (`minillm/trace.py`) on one time axis.
 
-    ITL (ms)  ──────────╱╲──────────────        a line per decoding request: for each of its tokens,
-                                                  the time since its previous one (a stall is a peak)
+    ITL (ms)  ──────────╱╲──────────────        a grey line per request: for each of its tokens after
+                                                  the first, the time since its previous one (a stall is
+                                                  a peak; requests decoding together overlap)
     tokens    ▁▁▁▁▁▁▁▁█████████▁▁▁▁▁▁▁▁▁▁▁▁       one bar per step, as wide as the step took:
-              ▁▁▁▁▁▁▁▁█████████▁▁▁▁▁▁▁▁▁▁▁▁       decode tokens (blue) under prefill tokens
-              0 s ──────────────────────► t        (a colour per prefilling request)
+              ▁▁▁▁▁▁▁▁█████████▁▁▁▁▁▁▁▁▁▁▁▁       decode tokens (blue) under prefill tokens (a colour
+              0 s ──────────────────────► t        per request), heights on a square-root scale
 
 Unchunked, a long prompt arrives as one tall, wide bar — every decoding request waits for it, and
-its dots jump. Chunked (chapter 6), the same prompt is a row of short bars, each with the decodes
+its line peaks. Chunked (chapter 6), the same prompt is a row of short bars, each with the decodes
 underneath. `composition`, `inter_token_latencies` and `render_frame` are pure; the widget
 precomputes frames and plays them with `widgets/animation.py`.
 """
@@ -16,6 +17,7 @@ precomputes frames and plays them with `widgets/animation.py`.
 from __future__ import annotations
 
 import html
+import math
 from dataclasses import dataclass
 
 from minillm.metrics import percentile
@@ -25,6 +27,7 @@ from widgets.slot_timeline import request_colour
 
 PLOT_W, ITL_H, BAR_H, LEFT, TOP, GAP = 760, 90, 110, 64, 30, 26
 DECODE = "#4c78a8"
+ITL_COLOUR = "#444"
 
 
 @dataclass(frozen=True)
@@ -49,29 +52,34 @@ def composition(trace: Trace) -> list[StepBar]:
 
 
 def inter_token_latencies(trace: Trace) -> list[tuple[float, float, str]]:
-    """(time of the token, seconds since that request's previous token, request) for every token a
-    request produced by decoding. A request's tokens come at the end of its decode steps; its first
-    token at the end of the prefill step just before its first decode."""
+    """(time of the token, seconds since that request's previous token, request) for every token after
+    a request's first. A token comes at the end of the step that sampled it: a decode step, or the
+    prefill chunk that reached the end of the prompt — or, after a preemption, of the recomputation,
+    so the gap of a preempted request includes its whole wait."""
     if not trace.steps:
         return []
     origin, points, last_token = trace.steps[0].start_time, [], {}
     for record in trace.steps:
         end = record.start_time + record.duration - origin
         for state in record.slots:
-            if state is None or state.num_tokens == 0:
+            if state is None or state.num_tokens == 0 or not state.sampled:
                 continue
-            if state.phase == "decode":
-                if state.request_id in last_token:
-                    points.append((end, end - last_token[state.request_id], state.request_id))
-                last_token[state.request_id] = end
-            elif state.phase == "prefill":  # its last chunk samples the first token: the next decode's ITL base
-                last_token[state.request_id] = end
+            if state.request_id in last_token:
+                points.append((end, end - last_token[state.request_id], state.request_id))
+            last_token[state.request_id] = end
     return points
 
 
+def _token_height(n: float, max_tokens: int) -> float:
+    """Height in pixels of a stack of n tokens on the square-root scale of the bars (so that a step of
+    8 decodes stays visible next to a 1,500-token prefill)."""
+    return BAR_H * math.sqrt(max(n, 0) / max(max_tokens, 1))
+
+
 def render_frame(trace: Trace, upto: float, title: str, time_span: float, max_tokens: int, max_itl: float) -> str:
-    """SVG of the steps that began by `upto` seconds. `time_span`, `max_tokens` and `max_itl` (seconds)
-    fix the scales, so that panels drawn side by side compare at a glance."""
+    """SVG of the steps that began by `upto` seconds (a step still running is cut at `upto`).
+    `time_span`, `max_tokens` and `max_itl` (seconds) fix the scales, so that panels drawn one
+    above the other compare at a glance."""
     bars = [b for b in composition(trace) if b.start <= upto]
     itls = [p for p in inter_token_latencies(trace) if p[0] <= upto + 1e-9]
     x_of = lambda t: LEFT + PLOT_W * t / max(time_span, 1e-9)  # noqa: E731
@@ -86,51 +94,59 @@ def render_frame(trace: Trace, upto: float, title: str, time_span: float, max_to
              f'<text x="0" y="14" font-weight="bold">{html.escape(title)}</text>',
              f'<text x="{width - 8}" y="14" text-anchor="end">{upto:.2f} s · {len(bars)} steps · longest step '
              f'{worst * 1e3:.0f} ms · ITL p99 {p99 * 1e3:.0f} ms</text>']
-    # the ITL panel: one dot per decoded token
+    # the ITL panel: one line per request, all in one colour (requests decoding together overlap)
     parts.append(f'<rect x="{LEFT}" y="{TOP}" width="{PLOT_W}" height="{ITL_H}" fill="#fafafa" stroke="#ddd"/>')
     parts.append(f'<text x="{LEFT - 6}" y="{TOP + 10}" text-anchor="end">{max_itl * 1e3:.0f} ms</text>'
                  f'<text x="{LEFT - 6}" y="{TOP + ITL_H}" text-anchor="end">0</text>'
                  f'<text x="4" y="{TOP + ITL_H / 2 + 4}">ITL</text>')
     by_request: dict[str, list[tuple[float, float]]] = {}
-    for t, itl, rid in itls:  # one line per decoding request (dots would make every frame heavy)
-        y = TOP + ITL_H - ITL_H * min(itl / max(max_itl, 1e-9), 1.0)
-        by_request.setdefault(rid, []).append((x_of(t), y))
-    for rid, points in by_request.items():
-        tip = f"<title>request {html.escape(rid)}: the gap before each of its tokens</title>"
+    for t, itl, rid in itls:
+        by_request.setdefault(rid, []).append((t, itl))
+    for rid, gaps in by_request.items():
+        points = [(x_of(t), TOP + ITL_H - ITL_H * min(itl / max(max_itl, 1e-9), 1.0)) for t, itl in gaps]
+        worst_t, worst_gap = max(gaps, key=lambda g: g[1])
+        tip = (f"<title>request {html.escape(rid)}: {len(gaps)} gaps between its tokens, median "
+               f"{percentile([g for _, g in gaps], 50) * 1e3:.0f} ms, worst {worst_gap * 1e3:.0f} ms "
+               f"(at {worst_t:.2f} s)</title>")
         if len(points) == 1:
-            parts.append(f'<circle cx="{points[0][0]:.1f}" cy="{points[0][1]:.1f}" r="2" '
-                         f'fill="{request_colour(rid)}">{tip}</circle>')
+            parts.append(f'<circle cx="{points[0][0]:.1f}" cy="{points[0][1]:.1f}" r="2" fill="{ITL_COLOUR}">'
+                         f'{tip}</circle>')
         else:
             path = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
-            parts.append(f'<polyline points="{path}" fill="none" stroke="{request_colour(rid)}" stroke-width="1.2">'
-                         f'{tip}</polyline>')
-    # the bars: decode tokens at the bottom, prefill chunks stacked on top
+            parts.append(f'<polyline points="{path}" fill="none" stroke="{ITL_COLOUR}" stroke-opacity="0.6" '
+                         f'stroke-width="1.2">{tip}</polyline>')
+    # the bars: decode tokens at the bottom, prefill chunks stacked on top, on a square-root scale
     parts.append(f'<rect x="{LEFT}" y="{bar_top}" width="{PLOT_W}" height="{BAR_H}" fill="#fafafa" stroke="#ddd"/>')
-    parts.append(f'<text x="{LEFT - 6}" y="{bar_top + 10}" text-anchor="end">{max_tokens}</text>'
-                 f'<text x="{LEFT - 6}" y="{bar_top + BAR_H}" text-anchor="end">0</text>'
+    for tick in sorted({max_tokens, *(t for t in (8, 128, 512) if t < max_tokens / 1.5)}):
+        y = bar_top + BAR_H - _token_height(tick, max_tokens)
+        parts.append(f'<line x1="{LEFT - 3}" y1="{y:.1f}" x2="{LEFT}" y2="{y:.1f}" stroke="#999"/>'
+                     f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{tick}</text>')
+    parts.append(f'<text x="{LEFT - 6}" y="{bar_top + BAR_H}" text-anchor="end">0</text>'
                  f'<text x="4" y="{bar_top + BAR_H / 2 + 4}">tokens</text>')
-    per_token = BAR_H / max(max_tokens, 1)
     for b in bars:
-        x, w = x_of(b.start), max(1.0, x_of(b.start + b.duration) - x_of(b.start) - 0.5)
-        y = bar_top + BAR_H
+        x = x_of(b.start)
+        w = max(1.0, x_of(min(b.start + b.duration, upto)) - x - 0.5)
+        below = 0
         pieces = [("decode", b.decode_tokens, DECODE)] + [(rid, n, request_colour(rid)) for rid, n in b.prefill_tokens]
         for who, n, colour in pieces:
             if n == 0:
                 continue
-            h = n * per_token
-            y -= h
-            rect = f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" fill="{colour}"'
-            if who == "decode":  # most steps: no tooltip, to keep the frames light
-                parts.append(rect + "/>")
+            y_low = bar_top + BAR_H - _token_height(below, max_tokens)
+            below += n
+            y = bar_top + BAR_H - _token_height(below, max_tokens)
+            rect = f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{y_low - y:.1f}" fill="{colour}"'
+            if who == "decode":
+                parts.append(f"{rect}><title>{n} decode tokens; the step took {b.duration * 1e3:.1f} ms</title></rect>")
             else:
-                parts.append(f"{rect}><title>request {html.escape(who)}: {n} prompt tokens in a step of "
-                             f"{b.duration * 1e3:.1f} ms</title></rect>")
+                parts.append(f"{rect}><title>request {html.escape(who)}: {n} prefill tokens in a step of "
+                             f"{b.num_tokens} tokens that took {b.duration * 1e3:.1f} ms</title></rect>")
     cursor = x_of(upto)
     parts.append(f'<line x1="{cursor:.1f}" y1="{TOP}" x2="{cursor:.1f}" y2="{bar_top + BAR_H}" stroke="#c00" '
                  'stroke-width="1.2"/>')
-    parts.append(f'<text x="{LEFT}" y="{height - 8}" fill="#555">blue: decode tokens · other colours: prompt tokens '
-                 f'of one request (a prefill or a chunk of one) · bar width: the step\'s time · axis: 0 to '
-                 f'{time_span:.2f} s</text></svg>')
+    parts.append(f'<text x="{LEFT}" y="{height - 8}" fill="#555">grey lines: each decoding request\'s gap before '
+                 'every token · blue: decode tokens · other colours: one request\'s prefill (a prompt, a chunk, '
+                 f'or a recomputation) · bar width: the step\'s time · height: √ scale · 0 to {time_span:.2f} s'
+                 '</text></svg>')
     return "".join(parts)
 
 
@@ -150,4 +166,4 @@ class StepComposition(Animation):
         self.times = list(labels.values())  # a very short run gives fewer distinct frames
         panels = [[render_frame(trace, t, name, span, max_tokens, max_itl) for t in self.times]
                   for name, trace in traces.items()]
-        super().__init__(panels, list(labels), interval_ms=interval_ms)
+        super().__init__(panels, list(labels), interval_ms=interval_ms, start=-1)  # opens on the whole run

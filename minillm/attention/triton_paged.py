@@ -161,10 +161,11 @@ if TRITON_AVAILABLE:
         stride_table_seq, stride_table_block,
         head_dim, query_heads_per_kv_head,
         BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr,
-        PRECISION: tl.constexpr,
+        PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     ):
         """One program per (sequence, query head, tile of BLOCK_M new tokens): those tokens attend
-        causally to the sequence's cached keys, BLOCK_N keys at a time, with an online softmax."""
+        causally to the sequence's cached keys, BLOCK_N keys at a time, with an online softmax.
+        UPCAST: compute the dots in float32 (Triton's interpreter gets bfloat16 tl.dot wrong)."""
         seq = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1)
         tile = tl.program_id(2)
@@ -181,6 +182,8 @@ if TRITON_AVAILABLE:
         q_ptrs = (q_ptr + (first_row + rows)[:, None] * stride_q_token + head * stride_q_head
                   + dims[None, :] * stride_q_dim)
         q = tl.load(q_ptrs, mask=row_mask[:, None] & dim_mask[None, :], other=0.0)  # (BLOCK_M, HEAD_DIM_PADDED)
+        if UPCAST:
+            q = q.to(tl.float32)
 
         running_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
         running_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -202,6 +205,8 @@ if TRITON_AVAILABLE:
             tile_mask = key_mask[:, None] & dim_mask[None, :]  # (BLOCK_N, HEAD_DIM_PADDED)
             k = tl.load(k_head + blocks[:, None] * stride_kc_block + offsets[:, None] * stride_kc_offset
                         + dims[None, :] * stride_kc_dim, mask=tile_mask, other=0.0)
+            if UPCAST:
+                k = k.to(tl.float32)
             scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # (BLOCK_M, BLOCK_N)
             visible = (keys_at[None, :] <= positions[:, None]) & key_mask[None, :]
             scores = tl.where(visible, scores, float("-inf"))
@@ -212,6 +217,8 @@ if TRITON_AVAILABLE:
             weights = tl.exp(scores - new_max[:, None])  # (BLOCK_M, BLOCK_N), 0 where not visible
             v = tl.load(v_head + blocks[:, None] * stride_vc_block + offsets[:, None] * stride_vc_offset
                         + dims[None, :] * stride_vc_dim, mask=tile_mask, other=0.0)
+            if UPCAST:
+                v = v.to(tl.float32)
             update = tl.dot(weights.to(v.dtype), v, input_precision=PRECISION)  # (BLOCK_M, HEAD_DIM_PADDED)
             acc = acc * rescale[:, None] + update
             running_sum = running_sum * rescale + tl.sum(weights, axis=1)
@@ -229,9 +236,7 @@ def unavailable_reason(device: torch.device) -> str | None:
     anywhere in Triton's interpreter (TRITON_INTERPRET=1 when triton was first imported)."""
     if not TRITON_AVAILABLE:
         return "the `triton` package is not installed"
-    from triton.runtime.interpreter import InterpretedFunction
-
-    if isinstance(_store_kv_kernel, InterpretedFunction):
+    if _interpreted():
         return None
     if device.type != "cuda":
         return (f"Triton compiles its kernels for a GPU, and this engine runs on {device.type} (to run them on "
@@ -241,6 +246,13 @@ def unavailable_reason(device: torch.device) -> str | None:
     except RuntimeError as err:
         return f"Triton found no GPU driver: {err}"
     return None
+
+
+def _interpreted() -> bool:
+    """True when the kernels run in Triton's interpreter (TRITON_INTERPRET=1 at import)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(_store_kv_kernel, InterpretedFunction)
 
 
 def _require_triton() -> None:
@@ -371,6 +383,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         return
     longest = max_query_len if max_query_len is not None else int(query_lens.max())
     block_m = 16
+    # the interpreter's bfloat16 tl.dot returns wrong values (triton-lang/triton#11584): float32 there
+    upcast = _interpreted() and q.dtype == torch.bfloat16
     _paged_prefill_attention_kernel[(num_seqs, num_heads, triton.cdiv(longest, block_m))](
         out, q, k_cache, v_cache, block_tables, query_starts.contiguous(), query_lens.contiguous(),
         context_starts.contiguous(), float(scale),
@@ -379,5 +393,5 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_N=32,
         HEAD_DIM_PADDED=max(16, triton.next_power_of_2(head_dim)),  # tl.dot needs every dimension >= 16
         # float32 stays float32 ("ieee", not TF32's 10-bit mantissa): token-exact with the torch path
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32", UPCAST=upcast,
     )
