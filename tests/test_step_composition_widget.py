@@ -39,10 +39,16 @@ def test_a_frame_draws_only_the_steps_begun_by_its_time():
     assert 'data-steps="2"' in early and 'data-steps="4"' in late
     assert "request B: 7 prefill tokens" not in early and "request B: 7 prefill tokens" in late
     assert "longest step 500 ms" in late and "ITL p99 488 ms" in late  # 0.1, 0.1, 0.1, 0.5 s: p99 interpolated
-    assert late.count("<polyline") == 1 and late.count("<circle") == 1  # A's 3 gaps as a line, B's one as a dot
+    assert late.count("<polyline") == 2  # one step line per request: A's 3 gaps, B's one
     a_line = late[late.index("<polyline"):]
-    assert a_line[a_line.index('points="') + 8:].split('"')[0].count(",") == 3
-    assert "<polyline" not in early and "<circle" not in early
+    points = [tuple(map(float, p.split(","))) for p in a_line[a_line.index('points="') + 8:].split('"')[0].split()]
+    # each gap is a flat segment from the previous token to this one: A waited 0.1 s, 0.5 s (the stall), 0.1 s
+    x_of = lambda t: 64 + 760 * t / 0.8  # noqa: E731
+    assert [round(x) for x, _ in points] == [round(x_of(t)) for t in (0.1, 0.2, 0.2, 0.7, 0.7, 0.8)]
+    ys = [y for _, y in points]
+    assert ys[0] == ys[1] and ys[2] == ys[3] == 30 and ys[4] == ys[5] == ys[0]  # the 0.5 s gap at the top (max_itl)
+    assert "median 100 ms, worst 500 ms (at 0.70 s)" in a_line
+    assert "<polyline" not in early
 
 
 def test_the_widget_shares_one_time_axis_and_refuses_empty_traces(model):

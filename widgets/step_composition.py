@@ -84,7 +84,7 @@ def render_frame(trace: Trace, upto: float, title: str, time_span: float, max_to
     itls = [p for p in inter_token_latencies(trace) if p[0] <= upto + 1e-9]
     x_of = lambda t: LEFT + PLOT_W * t / max(time_span, 1e-9)  # noqa: E731
     bar_top = TOP + ITL_H + GAP
-    width, height = LEFT + PLOT_W + 16, bar_top + BAR_H + 34
+    width, height = LEFT + PLOT_W + 16, bar_top + BAR_H + 48
     worst = max((b.duration for b in bars), default=0.0)
     p99 = percentile([itl for _, itl, _ in itls], 99) if itls else 0.0
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="step-composition" width="{width}" height="{height}" '
@@ -103,26 +103,23 @@ def render_frame(trace: Trace, upto: float, title: str, time_span: float, max_to
     for t, itl, rid in itls:
         by_request.setdefault(rid, []).append((t, itl))
     for rid, gaps in by_request.items():
-        points = [(x_of(t), TOP + ITL_H - ITL_H * min(itl / max(max_itl, 1e-9), 1.0)) for t, itl in gaps]
+        # a step line: each gap is a flat segment over the time the request waited (a stall is a plateau)
+        y_of = lambda g: TOP + ITL_H - ITL_H * min(g / max(max_itl, 1e-9), 1.0)  # noqa: E731
+        points = [point for t, itl in gaps for point in ((x_of(t - itl), y_of(itl)), (x_of(t), y_of(itl)))]
         worst_t, worst_gap = max(gaps, key=lambda g: g[1])
         tip = (f"<title>request {html.escape(rid)}: {len(gaps)} gaps between its tokens, median "
                f"{percentile([g for _, g in gaps], 50) * 1e3:.0f} ms, worst {worst_gap * 1e3:.0f} ms "
                f"(at {worst_t:.2f} s)</title>")
-        if len(points) == 1:
-            parts.append(f'<circle cx="{points[0][0]:.1f}" cy="{points[0][1]:.1f}" r="2" fill="{ITL_COLOUR}">'
-                         f'{tip}</circle>')
-        else:
-            path = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
-            parts.append(f'<polyline points="{path}" fill="none" stroke="{ITL_COLOUR}" stroke-opacity="0.6" '
-                         f'stroke-width="1.2">{tip}</polyline>')
+        path = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
+        parts.append(f'<polyline points="{path}" fill="none" stroke="{ITL_COLOUR}" stroke-opacity="0.6" '
+                     f'stroke-width="1.2">{tip}</polyline>')
     # the bars: decode tokens at the bottom, prefill chunks stacked on top, on a square-root scale
     parts.append(f'<rect x="{LEFT}" y="{bar_top}" width="{PLOT_W}" height="{BAR_H}" fill="#fafafa" stroke="#ddd"/>')
     for tick in sorted({max_tokens, *(t for t in (8, 128, 512) if t < max_tokens / 1.5)}):
         y = bar_top + BAR_H - _token_height(tick, max_tokens)
         parts.append(f'<line x1="{LEFT - 3}" y1="{y:.1f}" x2="{LEFT}" y2="{y:.1f}" stroke="#999"/>'
                      f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{tick}</text>')
-    parts.append(f'<text x="{LEFT - 6}" y="{bar_top + BAR_H}" text-anchor="end">0</text>'
-                 f'<text x="4" y="{bar_top + BAR_H / 2 + 4}">tokens</text>')
+    parts.append(f'<text x="4" y="{bar_top + BAR_H / 2 + 4}">tokens</text>')
     for b in bars:
         x = x_of(b.start)
         w = max(1.0, x_of(min(b.start + b.duration, upto)) - x - 0.5)
@@ -143,10 +140,11 @@ def render_frame(trace: Trace, upto: float, title: str, time_span: float, max_to
     cursor = x_of(upto)
     parts.append(f'<line x1="{cursor:.1f}" y1="{TOP}" x2="{cursor:.1f}" y2="{bar_top + BAR_H}" stroke="#c00" '
                  'stroke-width="1.2"/>')
-    parts.append(f'<text x="{LEFT}" y="{height - 8}" fill="#555">grey lines: each decoding request\'s gap before '
-                 'every token · blue: decode tokens · other colours: one request\'s prefill (a prompt, a chunk, '
-                 f'or a recomputation) · bar width: the step\'s time · height: √ scale · 0 to {time_span:.2f} s'
-                 '</text></svg>')
+    parts.append(f'<text x="{LEFT}" y="{height - 22}" fill="#555">grey: each request\'s wait for each of its '
+                 'tokens, drawn over the time it waited · blue: decode tokens · other colours: one request\'s '
+                 f'prefill</text><text x="{LEFT}" y="{height - 8}" fill="#555">(a prompt, a chunk, or a '
+                 'recomputation after a preemption) · bar width: the step\'s time · bar height: √ scale · '
+                 f'time axis: 0 to {time_span:.2f} s</text></svg>')
     return "".join(parts)
 
 
