@@ -167,10 +167,15 @@ def plot(saved: dict, path: Path) -> None:
     ax = axes[1]
     sizes = [c for c, _ in sweep]
     ax.plot(sizes, [r["itl_p99_s"] * 1e3 for _, r in sweep], "o-", color="#2a7", label="ITL p99, decoders")
-    ax.axhline(plain["itl_p99_s"] * 1e3, color="#2a7", ls="--", lw=1, label="ITL p99, unchunked")
+    ax.axhline(plain["itl_p99_s"] * 1e3, color="#2a7", ls="--", lw=1.2, label="ITL p99, unchunked")
+    ax.annotate(f"ITL p99 unchunked {plain['itl_p99_s'] * 1e3:.0f} ms", (sizes[0], plain["itl_p99_s"] * 1e3),
+                xytext=(0, -11), textcoords="offset points", fontsize=7, color="#2a7")
     ax.plot(sizes, [r["long_prompt_ttft_p50_s"] * 1e3 for _, r in sweep], "s-", color="#c60",
             label="TTFT p50, long prompts")
-    ax.axhline(plain["long_prompt_ttft_p50_s"] * 1e3, color="#c60", ls="--", lw=1, label="TTFT p50, unchunked")
+    ax.axhline(plain["long_prompt_ttft_p50_s"] * 1e3, color="#c60", ls=":", lw=1.6, label="TTFT p50, unchunked")
+    ax.annotate(f"TTFT unchunked {plain['long_prompt_ttft_p50_s'] * 1e3:.0f} ms",
+                (sizes[-1], plain["long_prompt_ttft_p50_s"] * 1e3), xytext=(0, 4), textcoords="offset points",
+                fontsize=7, color="#c60", ha="right")
     ax.set_xscale("log", base=2)
     ax.set_xticks(sizes, [str(s) for s in sizes])
     ax.set(xlabel="max_tokens_per_prefill_chunk", ylabel="ms", ylim=(0, None),

@@ -18,8 +18,7 @@ QUESTIONS = [
               "A late decode is a stall someone is watching; a late chunk only delays a first token",
               "Prefills cannot share a step with decodes, so they must wait for the next one"),
              1, "Stall-free scheduling (Sarathi-Serve): as long as the decodes alone fit in the budget, a decoding "
-                "request never misses a step, and prompts take what is left. (With more decodes than budget, "
-                "some wait a step: the budget must be larger than the batch.)",
+                "request never misses a step, and prompts take what is left.",
              why_not=("Cheapness is not the point: a decode is one token, whoever goes first.", None,
                       "They share steps all the time: that is what a chunk is for.")),
     Question("You halve max_tokens_per_prefill_chunk. What happens?",

@@ -80,7 +80,9 @@ def render_frame(trace: Trace, upto: float, title: str, time_span: float, max_to
     """SVG of the steps that began by `upto` seconds (a step still running is cut at `upto`).
     `time_span`, `max_tokens` and `max_itl` (seconds) fix the scales, so that panels drawn one
     above the other compare at a glance."""
-    bars = [b for b in composition(trace) if b.start <= upto]
+    every_bar = composition(trace)
+    run_end = every_bar[-1].start + every_bar[-1].duration if every_bar else 0.0
+    bars = [b for b in every_bar if b.start <= upto]
     itls = [p for p in inter_token_latencies(trace) if p[0] <= upto + 1e-9]
     x_of = lambda t: LEFT + PLOT_W * t / max(time_span, 1e-9)  # noqa: E731
     bar_top = TOP + ITL_H + GAP
@@ -92,8 +94,8 @@ def render_frame(trace: Trace, upto: float, title: str, time_span: float, max_to
              f'data-steps="{len(bars)}" '
              'font-family="sans-serif" font-size="11">',
              f'<text x="0" y="14" font-weight="bold">{html.escape(title)}</text>',
-             f'<text x="{width - 8}" y="14" text-anchor="end">{upto:.2f} s · {len(bars)} steps · longest step '
-             f'{worst * 1e3:.0f} ms · ITL p99 {p99 * 1e3:.0f} ms</text>']
+             f'<text x="{width - 8}" y="14" text-anchor="end">at {upto:.2f} s: {len(bars)} steps · longest step '
+             f'{worst * 1e3:.0f} ms · ITL p99 {p99 * 1e3:.0f} ms · the run ends at {run_end:.2f} s</text>']
     # the ITL panel: one line per request, all in one colour (requests decoding together overlap)
     parts.append(f'<rect x="{LEFT}" y="{TOP}" width="{PLOT_W}" height="{ITL_H}" fill="#fafafa" stroke="#ddd"/>')
     parts.append(f'<text x="{LEFT - 6}" y="{TOP + 10}" text-anchor="end">{max_itl * 1e3:.0f} ms</text>'
