@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from minillm.async_engine import AsyncLLM
-from minillm.config import EngineConfig
+from minillm.config import EngineConfig, SpeculativeConfig
 from minillm.engine import LLM, LLMEngine, RequestOutput
 from minillm.generate import GenerationOutput, generate, generate_with_cache, generate_without_cache
 from minillm.model import CausalLM, ModelConfig, load, load_model, load_tokenizer
@@ -23,6 +23,7 @@ __all__ = [
     "GenerationOutput",
     "ModelConfig",
     "SamplingParams",
+    "SpeculativeConfig",
     "generate",
     "generate_with_cache",
     "generate_without_cache",

@@ -18,6 +18,40 @@ INTEGER_RANGES = {"max_num_seqs": (1, 4096), "max_model_len": (2, None), "max_to
 OPTIONAL = {"max_model_len", "kv_cache_bytes", "trace_max_steps"}  # None is allowed
 
 
+SPECULATIVE_METHODS = ("draft", "ngram")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding (chapter 7): a proposer guesses `num_speculative_tokens` tokens per
+    decoding request and step; the target checks them in the same forward pass.
+
+    method "draft": a small model with the target's tokenizer proposes (`draft_model`: a shipped name,
+    a local folder or a hub id; default the shipped "draft"). method "ngram": prompt lookup, the
+    tokens that followed the request's last `ngram_max`..`ngram_min` tokens earlier in the request."""
+
+    method: str = "draft"
+    num_speculative_tokens: int = 4
+    draft_model: str | None = None
+    ngram_max: int = 3
+    ngram_min: int = 1
+
+    def __post_init__(self) -> None:
+        if self.method not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative method must be one of {SPECULATIVE_METHODS}, got {self.method!r}")
+        for name, low, high in (("num_speculative_tokens", 1, 16), ("ngram_max", 1, 64), ("ngram_min", 1, 64)):
+            value = getattr(self, name)
+            if not is_int(value) or not low <= value <= high:
+                raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+            object.__setattr__(self, name, int(value))
+        if self.ngram_min > self.ngram_max:
+            raise ValueError(f"ngram_min ({self.ngram_min}) must not exceed ngram_max ({self.ngram_max})")
+        if self.draft_model is not None and (not isinstance(self.draft_model, str) or not self.draft_model):
+            raise ValueError(f"draft_model must be a model name or folder (str) or None, got {self.draft_model!r}")
+        if self.method == "ngram" and self.draft_model is not None:
+            raise ValueError("draft_model is for method='draft'; the n-gram proposer needs no model")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Frozen and validated: a bad value raises ValueError naming the field and its allowed range."""
@@ -40,6 +74,7 @@ class EngineConfig:
     dtype: str | None = None  # None: float32 on cpu, the checkpoint's dtype on cuda
     trace_max_steps: int | None = 10_000  # the trace keeps this many recent steps (None: all of them)
     prefix_cache: bool = False  # reuse cached full KV blocks of earlier requests (chapter 5; paged only)
+    speculative: SpeculativeConfig | None = None  # draft tokens and verify them in one pass (chapter 7)
 
     def __post_init__(self) -> None:
         if self.batching not in BATCHING:
@@ -70,6 +105,11 @@ class EngineConfig:
                              "decodes)")
         if self.prefix_cache and self.kv != "paged":
             raise ValueError("prefix_cache=True needs kv='paged': cached blocks are shared by reference")
+        if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):
+            raise ValueError(f"speculative must be a SpeculativeConfig or None, got {type(self.speculative).__name__}")
+        if self.speculative is not None and self.batching != "continuous":
+            raise ValueError("speculative decoding needs batching='continuous' (requests accept different numbers of "
+                             "tokens per step)")
         if self.device not in (None, "cpu", "cuda") and not str(self.device).startswith("cuda:"):
             raise ValueError(f"device must be None, 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         if self.dtype not in (None, "float32", "float16", "bfloat16"):

@@ -42,12 +42,13 @@ from minillm.kv.block_pool import BlockPool
 from minillm.memory import available_bytes, format_bytes
 from minillm.metrics import RequestMetrics
 from minillm.model.decoder import CausalLM
-from minillm.model.loader import load
+from minillm.model.loader import load, load_model
 from minillm.prompts import encode_prompt
 from minillm.request import Request
 from minillm.runner import ModelRunner, StepResult
 from minillm.sampling import SamplingParams
 from minillm.scheduler import ContinuousScheduler, SchedulerOutput, StaticScheduler
+from minillm.speculative.proposers import DraftModelProposer, NgramProposer, Proposal
 from minillm.stopping import stop_reason
 from minillm.trace import SlotState, StepRecord, Trace
 
@@ -98,6 +99,8 @@ class LLMEngine:
         self.scheduler = scheduler_cls(config.max_num_seqs, self.max_model_len, config.max_tokens_per_step, self.pool,
                                        chunk)
         self.runner = ModelRunner(model, self.cache)
+        self.proposer = self._make_proposer()
+        self.speculation_counts = {"passes": 0, "drafted": 0, "accepted": 0, "emitted": 0}
         self.requests: dict[str, Request] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
         self.trace = Trace(config.max_num_seqs, max_model_len=self.max_model_len, max_steps=config.trace_max_steps)
@@ -143,6 +146,23 @@ class LLMEngine:
         cache = PagedKVCache.for_model(spec, num_blocks, config.block_size, model.dtype, model.device, bool(use_triton))
         logger.info("%s (%s)", cache.describe(), "Triton kernels" if use_triton else "torch reference")
         return cache, BlockPool(num_blocks, config.block_size, prefix_cache=config.prefix_cache)
+
+    def _make_proposer(self) -> NgramProposer | DraftModelProposer | None:
+        """Speculative decoding's proposer (chapter 7): n-gram lookup, or a draft model loaded on the
+        target's device and dtype, refused unless it shares the target's vocabulary and context."""
+        spec = self.config.speculative
+        if spec is None:
+            return None
+        if spec.method == "ngram":
+            return NgramProposer(spec)
+        draft = load_model(spec.draft_model or "draft", dtype=self.model.dtype, device=self.model.device)
+        if draft.config.vocab_size != self.model.config.vocab_size:
+            raise ValueError(f"the draft model has a vocabulary of {draft.config.vocab_size} tokens and the target "
+                             f"{self.model.config.vocab_size}: a draft must use the target's tokenizer")
+        if draft.config.max_position_embeddings < self.max_model_len:
+            raise ValueError(f"the draft model's context ({draft.config.max_position_embeddings}) is shorter than "
+                             f"max_model_len ({self.max_model_len})")
+        return DraftModelProposer(draft, self.config.max_num_seqs, self.max_model_len)
 
     def _check_memory(self, needed: int, how: str) -> None:
         available = available_bytes(self.model.device)
@@ -262,17 +282,75 @@ class LLMEngine:
 
     def _step(self) -> list[StepUpdate]:
         start = time.perf_counter()
+        proposals = self._propose()
         output = self.scheduler.schedule()
-        result = self._execute(output)
+        result = self._execute(output, proposals)
         updates = [StepUpdate(rid, "", True) for rid, err in result.failed.items() if self.fail(rid, err)]
+        speculation = self._count_speculation(output, result)
         advanced = self.scheduler.update(output, result.sampled)
         now = time.perf_counter()
-        for request in advanced:
-            updates.append(StepUpdate(request.request_id, self._emit(request, now), request.status.is_done))
+        for request, count in advanced:
+            updates.append(StepUpdate(request.request_id, self._emit(request, now, count), request.status.is_done))
         if output.is_empty and self.scheduler.waiting and not self.scheduler.running:
             self._refuse_stuck(self.scheduler.waiting[0])
-        self._record(output, start, now)
+        self._forget_drafts()
+        self._record(output, start, now, speculation)
         return updates
+
+    def _propose(self) -> dict[str, Proposal]:
+        """Speculative decoding: guesses for every decoding request, as many as its limits leave room
+        for (never past max_new_tokens or the context). A proposer that fails costs only the guesses."""
+        if self.proposer is None:
+            return {}
+        k = self.config.speculative.num_speculative_tokens
+        todo = [(r, min(k, r.params.max_new_tokens - r.num_output_tokens - 1, self.max_model_len - r.num_tokens))
+                for r in self.scheduler.running if r.num_uncomputed_tokens == 1]
+        try:
+            proposals = self.proposer.propose([(r, n) for r, n in todo if n > 0], self.runner.sampling)
+        except Exception:
+            logger.exception("the speculative proposer failed; this step verifies no guesses")
+            self.proposer.keep_only(set())  # whatever it half-wrote is recomputed next time
+            return {}
+        for request, _ in todo:
+            proposal = proposals.get(request.request_id)
+            request.draft_token_ids = list(proposal.token_ids) if proposal is not None else []
+        return proposals
+
+    def _count_speculation(self, output: SchedulerOutput, result: StepResult) -> dict[str, tuple]:
+        """Add this step's verdicts to `speculation_counts`; returns them per request for the trace:
+        (guesses, tokens kept)."""
+        if self.proposer is None:
+            return {}
+        verdicts = {}
+        for chunk in output.chunks:
+            new = result.sampled.get(chunk.request_id)
+            if chunk.is_prefill or new is None:
+                continue
+            counts = self.speculation_counts
+            counts["passes"] += 1
+            counts["emitted"] += len(new)
+            if chunk.num_drafts:
+                counts["drafted"] += chunk.num_drafts
+                counts["accepted"] += len(new) - 1
+                verdicts[chunk.request_id] = (chunk.draft_token_ids, tuple(new))
+        return verdicts
+
+    @property
+    def speculative_metrics(self) -> dict[str, float] | None:
+        """Speculative decoding so far (None without it): the share of guesses the target accepted,
+        guesses accepted per verification, and tokens per target pass per decoding request."""
+        if self.proposer is None:
+            return None
+        c = self.speculation_counts
+        return {"acceptance_rate": c["accepted"] / c["drafted"] if c["drafted"] else 0.0,
+                "tokens_per_pass": c["emitted"] / c["passes"] if c["passes"] else 0.0,
+                "drafted": c["drafted"], "accepted": c["accepted"], "passes": c["passes"]}
+
+    def _forget_drafts(self) -> None:
+        """The proposer forgets requests no longer running (finished, aborted, preempted: a preempted
+        request's slot, and so its draft cache, may go to someone else)."""
+        if self.proposer is not None:
+            self.proposer.keep_only({r.request_id for r in self.scheduler.running})
 
     def _refuse_stuck(self, request: Request) -> None:
         """Nothing ran, nothing is running, yet the queue's head was not admitted: it never will be
@@ -282,12 +360,12 @@ class LLMEngine:
         self.fail(request.request_id, f"request could not be admitted into an idle engine ({request.num_tokens} "
                                       f"tokens{free})")
 
-    def _execute(self, output: SchedulerOutput) -> StepResult:
+    def _execute(self, output: SchedulerOutput, proposals: dict[str, Proposal] | None = None) -> StepResult:
         """Run the step. If the forward pass raises, run each request alone to find whose fault it
         is: no token was sampled and no generator advanced yet, and K/V written for positions not
         yet counted as computed are simply written again."""
         try:
-            return self.runner.execute(output)
+            return self.runner.execute(output, proposals)
         except Exception as err:
             if len(output.chunks) == 1:  # alone already: it is this request's
                 return StepResult(failed={c.request_id: err for c in output.chunks if not c.is_padding})
@@ -295,7 +373,7 @@ class LLMEngine:
         for chunk in (c for c in output.chunks if not c.is_padding):  # a padding row needs no result
             new = tuple(r for r in output.new_requests if r.request_id == chunk.request_id)
             try:
-                alone = self.runner.execute(SchedulerOutput((chunk,), new, ()))
+                alone = self.runner.execute(SchedulerOutput((chunk,), new, ()), proposals)
             except Exception as err:
                 result.failed[chunk.request_id] = err
                 continue
@@ -303,29 +381,36 @@ class LLMEngine:
             result.failed.update(alone.failed)
         return result
 
-    def _emit(self, request: Request, now: float) -> str:
-        """Record a new token of `request`, retire the request if the token ends it (stop strings
-        need the text, so the stop rules are judged here), and return the token's new text."""
-        request.metrics.record_token(now)
+    def _emit(self, request: Request, now: float, count: int = 1) -> str:
+        """Record the `count` newest tokens of `request` one by one, retire the request at the first
+        that ends it (stop strings need the text, so the stop rules are judged here) — tokens after
+        it are dropped, never emitted — and return their new text."""
         detok = self.detokenizers[request.request_id]
-        try:
-            delta = detok.push(request.output_token_ids[-1])
-        except Exception as err:  # a tokenizer that cannot decode its token: this request alone fails
-            self.fail(request.request_id, err)
-            return ""
-        reason = stop_reason(request.output_token_ids, request.num_prompt_tokens, request.params,
-                             self.model.config.eos_token_ids, self.max_model_len,
-                             stop_string_found=detok.stopped_by is not None)
-        if reason is not None:  # an error while retiring it is the engine's, not the request's: it propagates
-            self.scheduler.finish(request, reason)
-            request.metrics.finish_time = now
+        first = request.num_output_tokens - count
+        text = ""
+        for index in range(first, first + count):
+            request.metrics.record_token(now)
             try:
-                delta += detok.flush()
-            except Exception as err:  # the text's last piece is lost; its tokens are complete
-                request.error = f"{type(err).__name__}: {err}"
-        return delta
+                text += detok.push(request.output_token_ids[index])
+            except Exception as err:  # a tokenizer that cannot decode its token: this request alone fails
+                del request.output_token_ids[index + 1 :]
+                self.fail(request.request_id, err)
+                return text
+            reason = stop_reason(request.output_token_ids[: index + 1], request.num_prompt_tokens, request.params,
+                                 self.model.config.eos_token_ids, self.max_model_len,
+                                 stop_string_found=detok.stopped_by is not None)
+            if reason is not None:  # an error while retiring it is the engine's, not the request's: it propagates
+                del request.output_token_ids[index + 1 :]  # guesses kept past the stop are not the request's
+                self.scheduler.finish(request, reason)
+                request.metrics.finish_time = now
+                try:
+                    text += detok.flush()
+                except Exception as err:  # the text's last piece is lost; its tokens are complete
+                    request.error = f"{type(err).__name__}: {err}"
+                break
+        return text
 
-    def _record(self, output: SchedulerOutput, start: float, end: float) -> None:
+    def _record(self, output: SchedulerOutput, start: float, end: float, speculation: dict | None = None) -> None:
         ran = {c.slot: c for c in output.chunks}
         slots: list[SlotState | None] = [None] * self.config.max_num_seqs
         for slot, request_id in self.scheduler.slot_owners().items():
@@ -348,7 +433,7 @@ class LLMEngine:
         self.trace.record(StepRecord(self.trace.next_step, start - self._t0, end - start, tuple(slots),
                                      tuple(r.request_id for r in output.new_requests), finished,
                                      output.preempted_ids, {r.request_id: r.num_computed_tokens for r in running},
-                                     blocks, hits, events))
+                                     blocks, hits, events, speculation or {}))
 
     def output(self, request_id: str) -> RequestOutput:
         r = self.requests[request_id]

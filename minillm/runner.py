@@ -14,6 +14,7 @@ seeded generators) are exactly what they would have been without it.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -21,13 +22,16 @@ import torch
 from minillm.attention import ContiguousKVCache
 from minillm.attention.paged import PagedKVCache
 from minillm.model.decoder import CausalLM
-from minillm.sampling import SamplingParams, sample
+from minillm.sampling import SamplingParams, filtered_logits, sample
 from minillm.scheduler.output import SchedulerOutput
+from minillm.speculative.acceptance import accept_greedy, accept_sampled
+from minillm.speculative.proposers import Proposal
 
 
 @dataclass
 class StepResult:
-    sampled: dict[str, int] = field(default_factory=dict)  # request id -> its new token
+    sampled: dict[str, list[int]] = field(default_factory=dict)  # request id -> its new token(s): one, or with
+    #                                                               speculation the kept guesses and one more
     failed: dict[str, Exception] = field(default_factory=dict)  # request id -> why it got none
 
 
@@ -37,8 +41,9 @@ class ModelRunner:
         self.sampling: dict[str, tuple[SamplingParams, torch.Generator | None]] = {}
 
     @torch.inference_mode()
-    def execute(self, output: SchedulerOutput) -> StepResult:
-        """Run one step: a new token for each chunk that samples (or the error its sampling raised).
+    def execute(self, output: SchedulerOutput, proposals: Mapping[str, Proposal] | None = None) -> StepResult:
+        """Run one step: new tokens for each chunk that samples (or the error its sampling raised).
+        A chunk with guesses (speculative decoding) is verified here against its `proposals` entry.
         An error of the forward pass itself propagates: it belongs to the whole batch."""
         device = self.model.device
         for request_id in output.finished_ids:  # first: a finished request's id may be reused by a new one
@@ -54,17 +59,35 @@ class ModelRunner:
         where = [c.block_table for c in chunks] if isinstance(self.cache, PagedKVCache) else [c.slot for c in chunks]
         backend = self.cache.batch(where, [c.start for c in chunks], [c.num_tokens for c in chunks])
         hidden = self.model(input_ids, positions, backend)  # (num_tokens, hidden)
-        last_rows = [end - 1 for end in itertools.accumulate(c.num_tokens for c in chunks)]
-        sampling = [(c, row) for c, row in zip(chunks, last_rows) if c.samples]
+        ends = list(itertools.accumulate(c.num_tokens for c in chunks))
+        sampling = [c for c in chunks if c.samples]
         if not sampling:
             return StepResult()
-        logits = self.model.logits(hidden[[row for _, row in sampling]])  # (num_sampling, vocab)
+        # the rows that need logits: each sampling chunk's last real token, and its guesses
+        rows = [r for c, end in zip(chunks, ends) if c.samples for r in range(end - 1 - c.num_drafts, end)]
+        logits = self.model.logits(hidden[rows])  # (num_rows, vocab)
         greedy_ids = logits.argmax(dim=-1).tolist()  # every greedy row in one call
-        result = StepResult()
-        for (chunk, _), row, greedy_id in zip(sampling, logits, greedy_ids):
+        result, first = StepResult(), 0
+        for chunk in sampling:
+            n = chunk.num_drafts + 1
             params, generator = self.sampling[chunk.request_id]
             try:  # the others draw with their own generators: one failing row changes nothing for them
-                result.sampled[chunk.request_id] = greedy_id if params.greedy else sample(row, params, generator)
+                result.sampled[chunk.request_id] = self._new_tokens(chunk, params, generator, logits[first : first + n],
+                                                                    greedy_ids[first : first + n], proposals)
             except Exception as err:
                 result.failed[chunk.request_id] = err
+            first += n
         return result
+
+    @staticmethod
+    def _new_tokens(chunk, params: SamplingParams, generator: torch.Generator | None, logits: torch.Tensor,
+                    greedy_ids: list[int], proposals: Mapping[str, Proposal] | None) -> list[int]:
+        """One token from the last row; or, after guesses, the acceptance rule over all the rows."""
+        drafted = chunk.draft_token_ids
+        if not drafted:
+            return [greedy_ids[0] if params.greedy else sample(logits[0], params, generator)]
+        if params.greedy:
+            return accept_greedy(drafted, greedy_ids)
+        target = filtered_logits(logits, params).softmax(dim=-1)  # (k + 1, vocab)
+        proposal = proposals.get(chunk.request_id) if proposals is not None else None
+        return accept_sampled(drafted, target, proposal.probs if proposal is not None else None, generator)

@@ -32,6 +32,9 @@ class StepRecord:
     blocks: dict[str, tuple[int, ...]] = field(default_factory=dict)  # paged cache: each request's block table
     cache_hits: dict[str, int] = field(default_factory=dict)  # prefix cache: tokens admitted requests found cached
     kv_events: tuple[tuple, ...] = ()  # prefix cache: the block pool's events, in order (BlockPool.drain_events)
+    speculation: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
+    #   speculative decoding: per verified request, (the proposer's guesses, the tokens kept: accepted guesses
+    #   and the target's own last one)
 
     @property
     def num_tokens(self) -> int:
@@ -98,7 +101,8 @@ class Trace:
                             dict(s.get("kv_tokens", {})), {k: tuple(v) for k, v in s.get("blocks", {}).items()},
                             dict(s.get("cache_hits", {})),
                             tuple(tuple(tuple(x) if isinstance(x, list) else x for x in e)
-                                  for e in s.get("kv_events", ())))
+                                  for e in s.get("kv_events", ())),
+                            {k: (tuple(v[0]), tuple(v[1])) for k, v in s.get("speculation", {}).items()})
                  for s in data["steps"]]
         return cls(data["num_slots"], steps, data.get("max_model_len"), data.get("block_size"), data.get("num_blocks"),
                    data.get("max_steps"), data.get("num_dropped", 0))

@@ -32,10 +32,11 @@ FAMILIES = {
 
 
 def make_checkpoint(name: str, folder: Path, seed: int = 0, old_rope_keys: bool = False,
-                    shard: bool = False):
-    """Build, randomly initialise, and save an HF model; returns it (fp32, eval mode)."""
+                    shard: bool = False, **overrides):
+    """Build, randomly initialise, and save an HF model; returns it (fp32, eval mode). `overrides`
+    change config fields (e.g. vocab_size=8 for the statistical tests of sampling)."""
     config_cls, extra = FAMILIES[name]
-    config = config_cls(**COMMON, **extra)
+    config = config_cls(**{**COMMON, **extra, **overrides})
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():  # HF's init leaves norms at 1 and biases at 0: randomise them too

@@ -206,6 +206,16 @@ class BlockPool:
         table.extend(new)
         return new
 
+    def truncate(self, request_id: str, num_tokens: int) -> None:
+        """Shrink a request's table to the blocks `num_tokens` tokens need, releasing the rest, last
+        block first (speculative decoding: blocks taken for guesses the target rejected). Those
+        blocks were never full of computed tokens, so none of them is cached."""
+        table = self._table(request_id)
+        keep = self.blocks_for(num_tokens)
+        if keep < len(table):
+            self.decref(reversed(table[keep:]))
+            del table[keep:]
+
     def free(self, request_id: str) -> None:
         """Release every block of a request (finished, aborted or preempted). With a prefix cache
         the last block goes first, so that a prefix's tail becomes evictable before its head."""

@@ -51,36 +51,47 @@ class Scheduler:
         request.status = RequestStatus.RUNNING
         self.running.append(request)
 
-    def _chunk(self, request: Request, num_tokens: int) -> ScheduledChunk:
+    def _chunk(self, request: Request, num_tokens: int, drafts: list[int] = ()) -> ScheduledChunk:
         start = request.num_computed_tokens
         end = start + num_tokens
         blocks = tuple(self.pool.block_table(request.request_id)) if self.pool is not None else ()
-        # a decode runs exactly the newest token, a generated one; anything else computes tokens the
-        # request already had: its prompt, or (after a preemption) its prompt and earlier output
+        # a decode runs exactly the newest token, a generated one (and any guesses after it); anything
+        # else computes tokens the request already had: its prompt, or after a preemption its output too
         decode = num_tokens == 1 and start == request.num_tokens - 1 and start >= request.num_prompt_tokens
-        return ScheduledChunk(request.request_id, request.slot, start, tuple(request.all_token_ids[start:end]),
-                              samples=end == request.num_tokens, is_prefill=not decode, block_table=blocks)
+        tokens = tuple(request.all_token_ids[start:end]) + tuple(drafts)
+        return ScheduledChunk(request.request_id, request.slot, start, tokens, samples=end == request.num_tokens,
+                              is_prefill=not decode, block_table=blocks, num_drafts=len(drafts))
 
     def _output(self, chunks: list[ScheduledChunk], new: list[Request], preempted: list[str] = ()) -> SchedulerOutput:
         finished, self._finished_ids = tuple(self._finished_ids), []
         return SchedulerOutput(tuple(chunks), tuple(new), finished, tuple(preempted))
 
     # ------------------------------------------------------------------ results
-    def update(self, output: SchedulerOutput, sampled: Mapping[str, int]) -> list[Request]:
-        """Apply one step: count the computed tokens and append the sampled ones. Returns the
-        requests that received a token this step (the engine then decides who is done)."""
+    def update(self, output: SchedulerOutput, sampled: Mapping[str, list[int]]) -> list[tuple[Request, int]]:
+        """Apply one step: count the computed tokens and append the new ones. Returns the requests
+        that received tokens this step, with how many (the engine then decides who is done).
+
+        With speculative decoding a chunk [last, d1 … dk] that kept a guesses and one token of the
+        target's own has computed the K/V of `last` and d1 … da: the rejected guesses' K/V are
+        simply not counted (they will be overwritten), and blocks past the request's tokens go back
+        to the pool."""
         by_id = {r.request_id: r for r in self.running}
         advanced = []
         for chunk in output.chunks:
             request = by_id.get(chunk.request_id)
             if request is None:  # aborted or failed while the step ran
                 continue
-            request.num_computed_tokens += chunk.num_tokens
+            new = sampled[chunk.request_id] if chunk.samples else []
+            accepted = len(new) - 1 if chunk.num_drafts else 0
+            request.num_computed_tokens += chunk.num_tokens - chunk.num_drafts + accepted
+            request.output_token_ids.extend(new)
+            request.draft_token_ids = []
             if self.pool is not None:  # with a prefix cache, its newly full blocks become findable
                 self.pool.cache_full_blocks(request.request_id, request.all_token_ids, request.num_computed_tokens)
-            if chunk.samples:
-                request.output_token_ids.append(sampled[chunk.request_id])
-                advanced.append(request)
+                if chunk.num_drafts:
+                    self.pool.truncate(request.request_id, request.num_tokens)
+            if new:
+                advanced.append((request, len(new)))
         return advanced
 
     def finish(self, request: Request, reason: str) -> None:

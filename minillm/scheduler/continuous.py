@@ -47,11 +47,13 @@ class ContinuousScheduler(Scheduler):
             grant = self._grant(request.num_uncomputed_tokens, budget)
             if request.status is not RequestStatus.RUNNING or grant == 0:
                 continue  # preempted just now, or its turn comes next step
-            preempted += self._make_room(request)
+            # speculative decoding: a decode brings its guesses too, as many as the budget leaves room for
+            drafts = request.draft_token_ids[: budget - 1] if request.num_uncomputed_tokens == 1 else []
+            preempted += self._make_room(request, len(drafts))
             if request.status is not RequestStatus.RUNNING:
                 continue  # it was the newest: preempted itself
-            chunks.append(self._chunk(request, grant))
-            budget -= grant
+            chunks.append(self._chunk(request, grant, drafts))
+            budget -= grant + len(drafts)
         # admit while slots, budget and blocks allow (not in a step that had to preempt: no thrashing)
         while self.waiting and self.free_slots and not preempted:
             request = self.waiting[0]
@@ -79,20 +81,21 @@ class ContinuousScheduler(Scheduler):
             return need if need <= budget else 0
         return min(need, self.max_prefill_chunk, budget)
 
-    def _make_room(self, request: Request) -> list[str]:
-        """Give a running request the blocks for all its tokens, preempting the newest running
-        requests while the pool is short (`request` itself, if it is the newest). Returns the ids
-        of the preempted."""
+    def _make_room(self, request: Request, num_drafts: int = 0) -> list[str]:
+        """Give a running request the blocks for all its tokens (and its guesses), preempting the
+        newest running requests while the pool is short (`request` itself, if it is the newest).
+        Returns the ids of the preempted."""
         if self.pool is None:
             return []
         preempted = []
-        while not self.pool.can_hold(request.request_id, request.num_tokens):
+        needed = request.num_tokens + num_drafts
+        while not self.pool.can_hold(request.request_id, needed):
             victim = self.running[-1]
             self._preempt(victim)
             preempted.append(victim.request_id)
             if victim is request:
                 return preempted
-        self.pool.append(request.request_id, request.num_tokens)
+        self.pool.append(request.request_id, needed)
         return preempted
 
     def _preempt(self, request: Request) -> None:

@@ -15,7 +15,8 @@ class ScheduledChunk:
                    0                     start                start + len(token_ids)
 
     A prefill chunk brings the prompt (all of it, or with chunked prefill a piece of it), or after
-    a preemption the tokens to recompute; a decode chunk the one token sampled last step. When the
+    a preemption the tokens to recompute; a decode chunk the one token sampled last step — with
+    speculative decoding followed by the proposer's guesses, all verified in this pass. When the
     chunk reaches the request's newest token (`samples`), its last logits give the next token.
     A padding chunk is a finished member of a static batch: it still occupies its row of the
     batch, so it runs one pad token whose result is thrown away.
@@ -29,6 +30,11 @@ class ScheduledChunk:
     is_prefill: bool
     is_padding: bool = False
     block_table: tuple[int, ...] = ()  # with a paged cache: the request's blocks, enough for start + len
+    num_drafts: int = 0  # speculative decoding: the last num_drafts of token_ids are guesses to verify
+
+    @property
+    def draft_token_ids(self) -> tuple[int, ...]:
+        return self.token_ids[len(self.token_ids) - self.num_drafts :]
 
     @property
     def num_tokens(self) -> int:

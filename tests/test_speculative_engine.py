@@ -1,0 +1,207 @@
+"""Speculative decoding in the engine (chapter 7): greedy tokens equal the naive loop's with either
+proposer, any k, both caches, the prefix cache, chunked prefill, preemption and aborts (no block
+leaks: tests/conftest.py); a stop inside an accepted run ends the request there; and sampling keeps
+the target's distribution, checked statistically on a model with a vocabulary of 8."""
+
+import itertools
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from minillm.config import EngineConfig, SpeculativeConfig
+from minillm.engine import LLMEngine
+from minillm.model import load_model
+from minillm.sampling import SamplingParams, filtered_logits
+from tests.hf_reference import ByteTokenizer, make_checkpoint
+from tests.test_engine import _reference, paged_budget
+
+REPEATS = [5, 6, 7, 8] * 6  # a prompt that repeats itself: the n-gram proposer finds something to propose
+
+
+@pytest.fixture(scope="module")
+def draft_folder(tmp_path_factory):
+    """A second tiny random model with the test model's vocabulary: a poor guesser, so that guesses
+    are rejected often."""
+    folder = tmp_path_factory.mktemp("draft")
+    make_checkpoint("qwen3", folder, seed=11, num_hidden_layers=1)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def same_draft_folder(tmp_path_factory):
+    """The test model itself as its own draft: every greedy guess is right."""
+    folder = tmp_path_factory.mktemp("same")
+    make_checkpoint("qwen3", folder, seed=3)
+    return str(folder)
+
+
+def greedy(n: int, **kwargs) -> SamplingParams:
+    return SamplingParams(temperature=0, max_new_tokens=n, ignore_eos=True, **kwargs)
+
+
+def spec_engine(model, method: str, k: int, draft: str | None, kind: str = "contiguous", block_size: int = 8,
+                num_blocks: int = 64, **overrides) -> LLMEngine:
+    settings = {"max_num_seqs": 4, "max_model_len": 96} | overrides
+    if kind != "contiguous":
+        settings |= {"kv": "paged", "block_size": block_size, "prefix_cache": kind == "prefix",
+                     "kv_cache_bytes": paged_budget(model, block_size, num_blocks)}
+    spec = SpeculativeConfig(method, k, draft if method == "draft" else None)
+    return LLMEngine(model, ByteTokenizer(), EngineConfig(speculative=spec, **settings))
+
+
+arrivals_strategy = st.lists(st.tuples(st.integers(0, 3),  # steps before it arrives
+                                       st.integers(0, 20),  # how much of the repeating prefix it starts with
+                                       st.lists(st.integers(3, 255), max_size=12),  # its own tail
+                                       st.integers(1, 16)),  # new tokens
+                             min_size=1, max_size=5)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(arrivals=arrivals_strategy, method=st.sampled_from(["draft", "ngram"]), k=st.integers(1, 6),
+       kind=st.sampled_from(["contiguous", "paged", "prefix"]), chunk=st.sampled_from([None, 3, 16]),
+       spare_blocks=st.integers(0, 4), abort_at=st.one_of(st.none(), st.tuples(st.integers(0, 4), st.integers(0, 8))))
+def test_greedy_speculation_gives_the_naive_loops_tokens(model, draft_folder, arrivals, method, k, kind, chunk,
+                                                         spare_blocks, abort_at):
+    requests = [(wait, (REPEATS[:cut] + tail) or [5], n) for wait, cut, tail, n in arrivals]
+    longest = max(len(p) + n for _, p, n in requests)
+    chunking = {"chunked_prefill": True, "max_tokens_per_prefill_chunk": chunk} if chunk else {}
+    engine = spec_engine(model, method, k, draft_folder, kind, 8, -(-(longest + k) // 8) + spare_blocks, **chunking)
+    ids = []
+    for wait, prompt, n in requests:
+        for _ in range(wait):
+            if engine.has_unfinished():
+                engine.step()
+        ids.append(engine.add_request(prompt, greedy(n)).request_id)
+    step = 0
+    while engine.has_unfinished():
+        if abort_at is not None and step == abort_at[1] and abort_at[0] < len(ids):
+            engine.abort(ids[abort_at[0]])
+        engine.step()
+        step += 1
+    for (_, prompt, n), request_id in zip(requests, ids):
+        out = engine.output(request_id)
+        if out.finish_reason == "abort":
+            assert out.token_ids == _reference(model, tuple(prompt), n)[: len(out.token_ids)]
+        else:
+            assert out.token_ids == _reference(model, tuple(prompt), n)
+
+
+@pytest.mark.parametrize("method", ["draft", "ngram"])
+def test_guesses_are_verified_many_per_pass_and_the_trace_records_the_verdicts(model, same_draft_folder, method):
+    engine = spec_engine(model, method, 4, same_draft_folder, "paged")
+    request = engine.add_request(REPEATS[:12], greedy(20))
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.output(request.request_id).token_ids == _reference(model, tuple(REPEATS[:12]), 20)
+    metrics = engine.speculative_metrics
+    verdicts = [v for s in engine.trace.steps for v in s.speculation.values()]
+    assert verdicts and metrics["drafted"] == sum(len(d) for d, _ in verdicts)
+    assert metrics["accepted"] == sum(len(kept) - 1 for _, kept in verdicts)
+    if method == "draft":  # the model guessing for itself: every guess right, k + 1 tokens per pass
+        assert metrics["acceptance_rate"] == 1.0
+        assert all(kept[:-1] == drafted for drafted, kept in verdicts)
+        assert len(engine.trace.steps) <= 1 + -(-19 // 5)
+    assert metrics["tokens_per_pass"] > 1
+
+
+def test_a_stop_inside_an_accepted_run_ends_the_request_there(model, same_draft_folder):
+    prompt = [40, 41, 42]
+    expected = _reference(model, tuple(prompt), 12)
+    stop_at = 5  # the 6th token stops the request, in the middle of a run of accepted guesses
+    engine = spec_engine(model, "draft", 4, same_draft_folder, "paged")
+    first = next(i for i, t in enumerate(expected) if t == expected[stop_at])  # the token's first occurrence
+    request = engine.add_request(prompt, greedy(12, stop_token_ids=[expected[stop_at]]))
+    streamed = []
+    while engine.has_unfinished():
+        streamed += [u.delta for u in engine.step() if u.request_id == request.request_id]
+    out = engine.output(request.request_id)
+    assert out.finish_reason == "stop" and out.token_ids == expected[: first + 1]
+    assert "".join(streamed) == out.text  # nothing past the stop was streamed
+    assert len(out.metrics.token_times) == len(out.token_ids)
+
+
+def test_max_new_tokens_is_never_passed(model, same_draft_folder):
+    engine = spec_engine(model, "draft", 6, same_draft_folder, "paged")
+    ids = [engine.add_request([9, 10, 11], greedy(n)).request_id for n in (1, 2, 7, 8)]
+    while engine.has_unfinished():
+        engine.step()
+    assert [len(engine.output(i).token_ids) for i in ids] == [1, 2, 7, 8]
+
+
+def test_a_draft_with_another_vocabulary_or_batching_is_refused(model, tmp_path):
+    make_checkpoint("qwen3", tmp_path, seed=5, vocab_size=300)
+    with pytest.raises(ValueError, match="a draft must use the target's tokenizer"):
+        LLMEngine(model, ByteTokenizer(), EngineConfig(speculative=SpeculativeConfig("draft", 2, str(tmp_path))))
+    with pytest.raises(ValueError, match="needs batching='continuous'"):
+        EngineConfig(batching="static", speculative=SpeculativeConfig("ngram", 2))
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        SpeculativeConfig("ngram", 0)
+    with pytest.raises(ValueError, match="speculative method"):
+        SpeculativeConfig("medusa", 2)
+
+
+# ---------------------------------------------------------------------------------------------------- sampling
+
+VOCAB = 8
+PROMPT = [3, 5, 1, 6]
+
+
+@pytest.fixture(scope="module")
+def small_vocab(tmp_path_factory):
+    """A target and a (different) draft with a vocabulary of 8: every outcome of two tokens is countable."""
+    folders = [tmp_path_factory.mktemp(name) for name in ("target8", "draft8")]
+    make_checkpoint("qwen3", folders[0], seed=21, vocab_size=VOCAB)
+    make_checkpoint("qwen3", folders[1], seed=22, vocab_size=VOCAB, num_hidden_layers=1)
+    return load_model(folders[0], device="cpu"), str(folders[1])
+
+
+def exact_distribution(model, params: SamplingParams) -> torch.Tensor:
+    """P(2nd token, 3rd token) after PROMPT, summed over the 1st: (VOCAB, VOCAB), from the target's logits."""
+    from minillm.attention import DenseAttention
+
+    def next_probs(seqs: list[list[int]]) -> torch.Tensor:
+        lengths = [len(s) for s in seqs]
+        ids = torch.tensor([t for s in seqs for t in s])
+        positions = torch.tensor([p for n in lengths for p in range(n)])
+        with torch.inference_mode():
+            hidden = model(ids, positions, DenseAttention(lengths))
+            last = torch.tensor(lengths).cumsum(0) - 1
+            return filtered_logits(model.logits(hidden[last]), params).softmax(-1).double()
+
+    first = next_probs([PROMPT])[0]  # (VOCAB,)
+    second = next_probs([PROMPT + [a] for a in range(VOCAB)])  # (VOCAB, VOCAB): [a, b]
+    pairs = itertools.product(range(VOCAB), repeat=2)
+    third = next_probs([PROMPT + [a, b] for a, b in pairs]).view(VOCAB, VOCAB, VOCAB)  # [a, b, c]
+    joint = first[:, None, None] * second[:, :, None] * third  # P(a, b, c)
+    return joint.sum(0)  # P(b, c)
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.8], ids=["temperature-1", "top-p-0.8"])
+def test_speculative_sampling_keeps_the_targets_distribution(small_vocab, top_p):
+    """6,000 requests with seeds 0..5999, 3 new tokens each: the 1st comes from the prefill, the 2nd and
+    3rd from a verification of the draft's guesses. Threshold: total variation 0.05 between the counted
+    (2nd, 3rd) pairs and the exact distribution (64 outcomes; sampling noise alone is about 0.03). The
+    draft's own distribution is far from the target's (checked), so keeping unverified guesses would fail."""
+    model, draft = small_vocab
+    params = [SamplingParams(temperature=1.0, top_p=top_p, max_new_tokens=3, ignore_eos=True, seed=s)
+              for s in range(6000)]
+    engine = LLMEngine(model, ByteTokenizer(), EngineConfig(max_num_seqs=64, max_model_len=16,
+                                                             speculative=SpeculativeConfig("draft", 2, draft)))
+    counts = torch.zeros(VOCAB, VOCAB, dtype=torch.float64)
+    for batch in range(0, len(params), 500):
+        ids = [engine.add_request(PROMPT, p).request_id for p in params[batch : batch + 500]]
+        while engine.has_unfinished():
+            engine.step()
+        for request_id in ids:
+            tokens = engine.output(request_id).token_ids
+            counts[tokens[1], tokens[2]] += 1
+            engine.release(request_id)
+    assert engine.speculative_metrics["drafted"] > 5000  # the tokens really came through verification
+    exact = exact_distribution(model, params[0])
+    tv = 0.5 * float((counts / counts.sum() - exact).abs().sum())
+    draft_tv = 0.5 * float((exact_distribution(load_model(draft, device="cpu"), params[0]) - exact).abs().sum())
+    print(f"total variation: speculative sampling vs the target {tv:.3f}; the draft's own distribution {draft_tv:.3f}")
+    assert tv < 0.05
+    assert draft_tv > 0.15
