@@ -154,7 +154,7 @@ def test_the_step_is_filled_decodes_first_then_prefills_in_progress_then_newcome
         scheduler.add(request)
     first = scheduler.schedule()  # admits all three: "old" gets a chunk of 8, a and b their 2-token prompts
     assert {c.request_id: c.num_tokens for c in first.chunks} == {"old": 8, "a": 2, "b": 2}
-    scheduler.update(first, {"a": 3, "b": 3})  # a and b sampled their first token; "old" sampled nothing
+    scheduler.update(first, {"a": [3], "b": [3]})  # a and b sampled their first token; "old" sampled nothing
     scheduler.add(newcomer)
     out = scheduler.schedule()
     granted = {c.request_id: c.num_tokens for c in out.chunks}

@@ -171,9 +171,9 @@ def inject(engine: LLMEngine, fault) -> None:
         step_of_call["step"] = next(steps)
         return engine_step()
 
-    def faulty_execute(output):
+    def faulty_execute(output, *proposals):
         fault(step_of_call["step"], output)
-        return execute(output)
+        return execute(output, *proposals)
 
     engine.step, engine.runner.execute = counting_step, faulty_execute
 
