@@ -595,3 +595,93 @@ def chunked_step_admitting_only_whole_chunks(running, waiting, free_slots, max_t
         budget -= grant
         free_slots -= 1
     return plan
+
+
+# ----------------------------------------------------------------------------- ch07.acceptance
+
+
+def _one_hot(guess: int, size: int) -> list[float]:
+    return [1.0 if t == guess else 0.0 for t in range(size)]
+
+
+@wrong("ch07.acceptance", "At the first rejection")
+def acceptance_resampling_from_p(drafted, p, q, uniforms, draw):
+    kept = []
+    for i, guess in enumerate(drafted):
+        q_i = q[i] if q is not None else _one_hot(guess, len(p[i]))
+        if q_i[guess] > 0 and uniforms[i] < min(1.0, p[i][guess] / q_i[guess]):
+            kept.append(guess)
+            continue
+        return kept + [draw(list(p[i]))]  # WRONG: resamples from p, not from the residual max(0, p - q)
+    return kept + [draw(list(p[len(drafted)]))]
+
+
+@wrong("ch07.acceptance", "accepted with probability p/q")
+def acceptance_with_p_alone(drafted, p, q, uniforms, draw):
+    kept = []
+    for i, guess in enumerate(drafted):
+        q_i = q[i] if q is not None else _one_hot(guess, len(p[i]))
+        if uniforms[i] < p[i][guess]:  # WRONG: ignores q: accepts with probability p, not min(1, p / q)
+            kept.append(guess)
+            continue
+        residual = [max(0.0, a - b) for a, b in zip(p[i], q_i)]
+        total = sum(residual)
+        return kept + [draw([r / total for r in residual] if total > 0 else list(p[i]))]
+    return kept + [draw(list(p[len(drafted)]))]
+
+
+@wrong("ch07.acceptance", "bonus comes from p[k]")
+def acceptance_without_a_bonus(drafted, p, q, uniforms, draw):
+    kept = []
+    for i, guess in enumerate(drafted):
+        q_i = q[i] if q is not None else _one_hot(guess, len(p[i]))
+        if q_i[guess] > 0 and uniforms[i] < min(1.0, p[i][guess] / q_i[guess]):
+            kept.append(guess)
+            continue
+        residual = [max(0.0, a - b) for a, b in zip(p[i], q_i)]
+        total = sum(residual)
+        return kept + [draw([r / total for r in residual] if total > 0 else list(p[i]))]
+    return kept  # WRONG: all k accepted, but no bonus token drawn from p[k]
+
+
+@wrong("ch07.acceptance", "Nothing after the first rejected guess")
+def acceptance_skipping_rejections(drafted, p, q, uniforms, draw):
+    kept = []
+    for i, guess in enumerate(drafted):
+        q_i = q[i] if q is not None else _one_hot(guess, len(p[i]))
+        if q_i[guess] > 0 and uniforms[i] < min(1.0, p[i][guess] / q_i[guess]):
+            kept.append(guess)  # WRONG: a rejected guess is skipped and the next ones still examined
+    return kept + [draw(list(p[len(drafted)]))]
+
+
+# ----------------------------------------------------------------------------- ch07.ngram
+
+
+@wrong("ch07.ngram", "Longer n first")
+def ngram_shortest_first(tokens, k, n_max, n_min):
+    for n in range(n_min, min(n_max, len(tokens) - 1) + 1):  # WRONG: shortest n first
+        suffix = tokens[len(tokens) - n :]
+        for start in range(len(tokens) - n - 1, -1, -1):
+            if tokens[start : start + n] == suffix:
+                return tokens[start + n : start + n + k]
+    return []
+
+
+@wrong("ch07.ngram", "most recent earlier match")
+def ngram_oldest_match(tokens, k, n_max, n_min):
+    for n in range(min(n_max, len(tokens) - 1), n_min - 1, -1):
+        suffix = tokens[len(tokens) - n :]
+        for start in range(len(tokens) - n):  # WRONG: the oldest match first
+            if tokens[start : start + n] == suffix:
+                return tokens[start + n : start + n + k]
+    return []
+
+
+@wrong("ch07.ngram", "overlap the suffix")
+def ngram_without_overlap(tokens, k, n_max, n_min):
+    for n in range(min(n_max, len(tokens) - 1), n_min - 1, -1):
+        suffix = tokens[len(tokens) - n :]
+        for start in range(len(tokens) - 2 * n, -1, -1):  # WRONG: the match must end before the suffix starts
+            if tokens[start : start + n] == suffix:
+                return tokens[start + n : start + n + k]
+    return []

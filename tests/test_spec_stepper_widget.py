@@ -1,0 +1,91 @@
+"""widgets/spec_stepper.py: verdicts and expectations are exact, and the stepper replays a real trace."""
+
+import pytest
+
+from minillm.trace import SlotState, StepRecord, Trace
+from widgets.spec_stepper import (
+    BONUS,
+    CORRECTION,
+    REJECTED,
+    UNCHECKED,
+    AcceptanceExplorer,
+    SpecStepper,
+    expected_speedup,
+    expected_tokens_per_pass,
+    render_expectations,
+    verdicts,
+    verifications,
+)
+
+
+@pytest.mark.parametrize("guesses, kept, marks, last", [
+    ((5, 6, 7), (5, 6, 7, 8), ["accepted"] * 3, BONUS),
+    ((5, 6, 7), (5, 9), ["accepted", REJECTED, UNCHECKED], CORRECTION),
+    ((5, 6, 7), (4,), [REJECTED, UNCHECKED, UNCHECKED], CORRECTION),
+    ((5,), (5, 5), ["accepted"], BONUS),
+    ((5, 6), (5, 5), ["accepted", REJECTED], CORRECTION),  # the correction may equal an earlier guess
+])
+def test_verdicts(guesses, kept, marks, last):
+    assert verdicts(guesses, kept) == (marks, last)
+
+
+def test_expected_tokens_per_pass_is_the_geometric_sum():
+    assert expected_tokens_per_pass(0.0, 4) == 1.0  # nothing accepted: the target's own token only
+    assert expected_tokens_per_pass(1.0, 4) == 5.0
+    assert expected_tokens_per_pass(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+    assert expected_speedup(0.5, 2, 0.25) == pytest.approx(1.75 / 1.5)
+    with pytest.raises(ValueError):
+        expected_tokens_per_pass(1.2, 3)
+
+
+def record(step, speculation=None, *slots):
+    return StepRecord(step, 0.1 * step, 0.1, tuple(slots), (), (), speculation=speculation or {})
+
+
+def test_verifications_know_the_text_before_each_step():
+    # A: prefill gives token 1; step 1 verifies (2, 3) keeping 2, 9; step 2 decodes without guesses (4);
+    # step 3 verifies (5,) keeping 5, 6
+    trace = Trace(1, [record(0, None, SlotState("A", 3, "prefill")),
+                      record(1, {"A": ((2, 3), (2, 9))}, SlotState("A", 3, "decode")),
+                      record(2, None, SlotState("A", 1, "decode")),
+                      record(3, {"A": ((5,), (5, 6))}, SlotState("A", 2, "decode"))])
+    output = [1, 2, 9, 4, 5, 6]
+    found = verifications(trace, "A", output)
+    assert [(v.step, v.context, v.guesses, v.kept) for v in found] == [(1, (1,), (2, 3), (2, 9)),
+                                                                       (3, (1, 2, 9, 4), (5,), (5, 6))]
+
+
+def test_the_stepper_replays_a_real_engine(model, tmp_path):
+    from minillm.config import EngineConfig, SpeculativeConfig
+    from minillm.engine import LLMEngine
+    from minillm.sampling import SamplingParams
+    from tests.hf_reference import ByteTokenizer
+
+    ngram = SpeculativeConfig(method="ngram", num_speculative_tokens=3)
+    engine = LLMEngine(model, ByteTokenizer(), EngineConfig(max_num_seqs=2, max_model_len=96, speculative=ngram))
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7]
+    rid = engine.add_request(prompt, SamplingParams(temperature=0, max_new_tokens=20, ignore_eos=True)).request_id
+    while engine.has_unfinished():
+        engine.step()
+    out = engine.output(rid)
+    widget = SpecStepper(engine.trace, rid, out.token_ids, lambda ids: "".join(chr(65 + i % 26) for i in ids))
+    found = widget.verifications
+    assert found and sum(len(v.kept) for v in found) <= len(out.token_ids)
+    for v in found:  # each verification's context, then what it kept, is the request's real output
+        assert list(v.context + v.kept) == out.token_ids[: len(v.context) + len(v.kept)]
+    frame = widget.stacks[0].children[0].value
+    assert 'data-step="0"' in frame and f"verification 1 / {len(found)}" in frame
+    with pytest.raises(ValueError, match="no verified guesses"):
+        SpecStepper(engine.trace, "nobody", [], str)
+
+
+def test_the_explorer_draws_every_rate_and_the_measured_points():
+    measured = [{"label": "draft k=4", "alpha": 0.6, "tokens_per_pass": 2.3, "speedup": 1.4}]
+    widget = AcceptanceExplorer(k=4, draft_cost=0.2, measured=measured)
+    assert len(widget.stack.children) == len(widget.slider.options) == 21
+    assert widget.slider.value == "α = 0.70"
+    frame = render_expectations(0.5, 4, 0.2, measured)
+    assert f"{expected_tokens_per_pass(0.5, 4):.2f} tokens per pass" in frame
+    assert f"{expected_speedup(0.5, 4, 0.2):.2f}x" in frame and "draft k=4" in frame
+    with pytest.raises(ValueError):
+        AcceptanceExplorer(k=0, draft_cost=0.2)
