@@ -100,7 +100,7 @@ class LLMEngine:
                                        chunk)
         self.runner = ModelRunner(model, self.cache)
         self.proposer = self._make_proposer()
-        self.speculation_counts = {"passes": 0, "drafted": 0, "accepted": 0, "emitted": 0}
+        self.speculation_counts = {"passes": 0, "drafted": 0, "examined": 0, "accepted": 0, "emitted": 0}
         self.requests: dict[str, Request] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
         self.trace = Trace(config.max_num_seqs, max_model_len=self.max_model_len, max_steps=config.trace_max_steps)
@@ -330,19 +330,24 @@ class LLMEngine:
             counts["passes"] += 1
             counts["emitted"] += len(new)
             if chunk.num_drafts:
+                accepted = len(new) - 1
                 counts["drafted"] += chunk.num_drafts
-                counts["accepted"] += len(new) - 1
+                counts["accepted"] += accepted
+                counts["examined"] += accepted + (accepted < chunk.num_drafts)  # guesses after a refusal: never
                 verdicts[chunk.request_id] = (chunk.draft_token_ids, tuple(new))
         return verdicts
 
     @property
     def speculative_metrics(self) -> dict[str, float] | None:
-        """Speculative decoding so far (None without it): the share of guesses the target accepted,
-        guesses accepted per verification, and tokens per target pass per decoding request."""
+        """Speculative decoding so far (None without it): `acceptance_rate`, the share of guesses the
+        target kept (accepted / drafted, what vLLM reports); `alpha`, the share of the guesses it
+        *examined* that it kept — the chance a guess is kept when every guess before it was, the α of
+        (1 - α^(k+1)) / (1 - α); and `tokens_per_pass`, tokens per target pass per decoding request."""
         if self.proposer is None:
             return None
         c = self.speculation_counts
         return {"acceptance_rate": c["accepted"] / c["drafted"] if c["drafted"] else 0.0,
+                "alpha": c["accepted"] / c["examined"] if c["examined"] else 0.0,
                 "tokens_per_pass": c["emitted"] / c["passes"] if c["passes"] else 0.0,
                 "drafted": c["drafted"], "accepted": c["accepted"], "passes": c["passes"]}
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GPU checks for the paged KV cache (chapter 4), the prefix cache (chapter 5) and chunked prefill (chapter 6),
-# as one script for a machine with an NVIDIA GPU.
+# GPU checks for the paged KV cache (chapter 4), the prefix cache (chapter 5), chunked prefill (chapter 6) and
+# speculative decoding (chapter 7), as one script for a machine with an NVIDIA GPU.
 #
 # What it measures:
 #   1. the Triton kernels (minillm/attention/triton_paged.py) against the torch reference, now
@@ -10,6 +10,8 @@
 #      (shared, fully cached and evicted prefixes; tests/test_cuda_engine.py, tests/test_prefix_cache*.py),
 #      and with chunked prefill through the Triton prefill/extend kernel (chunks of 1-64, the prefix cache,
 #      preemption; the kernel itself in float32/float16/bfloat16: tests/test_triton_paged.py -k prefill);
+#      Speculative decoding on CUDA (the shipped target and draft, float32, Triton paged, preemption) reproduces
+#      the naive loop, and the speculative tests run on CUDA (tests/test_speculative_*.py);
 #   2. benchmarks/paged_decode.py: decode attention time, Triton vs torch reference, for batches
 #      of 1-128 sequences and contexts of 512 and 4096 tokens (Llama-8B-like heads, bfloat16),
 #      and the engine's output tok/s contiguous vs paged (torch) vs paged (Triton).
@@ -24,5 +26,35 @@ print("torch", torch.__version__, "triton", triton.__version__, "GPU", torch.cud
 PY
 unset TRITON_INTERPRET
 $PY -m pytest -q tests/test_triton_paged.py tests/test_paged_attention.py tests/test_cuda_engine.py tests/test_paged_engine.py \
-    tests/test_prefix_cache.py tests/test_prefix_cache_engine.py tests/test_chunked_prefill.py
+    tests/test_prefix_cache.py tests/test_prefix_cache_engine.py tests/test_chunked_prefill.py \
+    tests/test_speculative_acceptance.py tests/test_speculative_engine.py
 $PY benchmarks/paged_decode.py
+# 3. speculative decoding's batch-1 figures on the GPU (bfloat16, the shipped models): output tok/s without and with
+#    speculation, tokens per target pass, and how many outputs equal the run without it (bfloat16 may flip a tie)
+$PY - <<'PY'
+import time
+import minillm
+from minillm import EngineConfig, SamplingParams, SpeculativeConfig
+from minillm.engine import LLMEngine
+model, tokenizer = minillm.load_model(device="cuda", dtype="bfloat16"), minillm.load_tokenizer()
+text = tokenizer.encode((minillm.ASSETS_DIR / "heldout_sample.txt").read_text())
+prompts = [text[97 * i : 97 * i + 48] for i in range(6)]
+params = SamplingParams(temperature=0, max_new_tokens=128, ignore_eos=True)
+def run(spec):
+    engine = LLMEngine(model, tokenizer, EngineConfig(max_num_seqs=1, max_model_len=512, speculative=spec))
+    engine.add_request(prompts[0][:8], SamplingParams(temperature=0, max_new_tokens=8))  # warm-up
+    while engine.has_unfinished():
+        engine.step()
+    start = time.perf_counter()
+    ids = [engine.add_request(p, params).request_id for p in prompts]
+    while engine.has_unfinished():
+        engine.step()
+    outs = [engine.output(i).token_ids for i in ids]
+    return outs, sum(map(len, outs)) / (time.perf_counter() - start), engine.speculative_metrics
+plain, plain_speed, _ = run(None)
+for spec in [SpeculativeConfig("draft", k) for k in (2, 4, 6)] + [SpeculativeConfig("ngram", 4)]:
+    outs, speed, m = run(spec)
+    print(f"batch 1, {spec.method} k={spec.num_speculative_tokens}: {plain_speed:.0f} -> {speed:.0f} tok/s "
+          f"({speed / plain_speed:.2f}x), {m['tokens_per_pass']:.2f} tokens per pass, "
+          f"{sum(a == b for a, b in zip(outs, plain))}/{len(plain)} outputs equal")
+PY

@@ -88,3 +88,30 @@ def test_chunked_prefill_with_triton_on_cuda_matches_the_naive_loop(tmp_path, ch
         while engine.has_unfinished():
             engine.step()
         assert [engine.output(i).token_ids for i in ids] == expected
+
+
+@pytest.mark.parametrize("method, k", [("draft", 1), ("draft", 4), ("ngram", 3), ("draft", 6)])
+def test_speculative_decoding_on_cuda_matches_the_naive_loop(method, k):
+    """The shipped target and draft on CUDA (float32), paged through the Triton kernels, with a pool small
+    enough to preempt: speculation changes no greedy token."""
+    pytest.importorskip("triton")
+    from minillm.config import SpeculativeConfig
+    from minillm.model.loader import load_tokenizer
+
+    model, tokenizer = load_model(device="cuda", dtype=torch.float32), load_tokenizer()
+    text = tokenizer.encode("to be or not to be, that is the question: whether 'tis nobler in the mind to suffer")
+    prompts = [text, text[:12], text[5:30] + text[5:15], text[3:9]]
+    greedy = SamplingParams(temperature=0, max_new_tokens=40, ignore_eos=True)
+    expected = [generate_without_cache(model, tokenizer, p, greedy).token_ids for p in prompts]
+    per_token = 2 * model.config.num_layers * model.config.num_kv_heads * model.config.head_dim * 4
+    for blocks in (64, 14):
+        config = EngineConfig(max_num_seqs=3, max_model_len=128, kv="paged", block_size=16, use_triton=True,
+                              kv_cache_bytes=blocks * 16 * per_token, device="cuda", dtype="float32",
+                              speculative=SpeculativeConfig(method=method, num_speculative_tokens=k))
+        engine = LLMEngine(model, tokenizer, config)
+        ids = [engine.add_request(p, greedy).request_id for p in prompts]
+        while engine.has_unfinished():
+            engine.step()
+        assert [engine.output(i).token_ids for i in ids] == expected
+        assert engine.speculative_metrics["passes"] > 0
+        assert not engine.pool.tables and engine.pool.num_free_blocks == engine.pool.num_blocks  # no block leaks

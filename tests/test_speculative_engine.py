@@ -99,6 +99,9 @@ def test_guesses_are_verified_many_per_pass_and_the_trace_records_the_verdicts(m
     verdicts = [v for s in engine.trace.steps for v in s.speculation.values()]
     assert verdicts and metrics["drafted"] == sum(len(d) for d, _ in verdicts)
     assert metrics["accepted"] == sum(len(kept) - 1 for _, kept in verdicts)
+    examined = sum(len(kept) - 1 + (len(kept) - 1 < len(d)) for d, kept in verdicts)  # a refusal ends the examining
+    assert metrics["alpha"] == pytest.approx(metrics["accepted"] / examined)
+    assert metrics["acceptance_rate"] <= metrics["alpha"] <= 1
     if method == "draft":  # the model guessing for itself: every guess right, k + 1 tokens per pass
         assert metrics["acceptance_rate"] == 1.0
         assert all(kept[:-1] == drafted for drafted, kept in verdicts)

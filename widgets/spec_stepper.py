@@ -204,8 +204,8 @@ def render_expectations(alpha: float, k: int, draft_cost: float, measured: Seque
           top_speedup, speedup, [(m["alpha"], m["speedup"], m["label"]) for m in measured if m.get("speedup")],
           f"α = {alpha:.2f}: {expected_speedup(alpha, k, draft_cost):.2f}x (below the dashed line: slower)", 1.0)
     parts.append(f'<text x="0" y="{height - 6}" fill="#555">curves: the formulas of section 1 (guesses accepted '
-                 'independently with probability α); red points: measured runs (α = kept guesses / guesses)</text>'
-                 "</svg>")
+                 'independently with probability α); red points: measured runs (α: the share of examined guesses '
+                 "kept)</text></svg>")
     return "".join(parts)
 
 
