@@ -6,6 +6,7 @@ so a notebook can run two chapters' engines side by side on the same requests.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from minillm.sampling import is_bool, is_int
@@ -46,6 +47,8 @@ class SpeculativeConfig:
             object.__setattr__(self, name, int(value))
         if self.ngram_min > self.ngram_max:
             raise ValueError(f"ngram_min ({self.ngram_min}) must not exceed ngram_max ({self.ngram_max})")
+        if isinstance(self.draft_model, os.PathLike):
+            object.__setattr__(self, "draft_model", os.fspath(self.draft_model))
         if self.draft_model is not None and (not isinstance(self.draft_model, str) or not self.draft_model):
             raise ValueError(f"draft_model must be a model name or folder (str) or None, got {self.draft_model!r}")
         if self.method == "ngram" and self.draft_model is not None:

@@ -93,13 +93,13 @@ class LLMEngine:
             raise ValueError(f"max_model_len must be at most the model's context ({context}), "
                              f"got {config.max_model_len}")
         self.max_model_len = config.max_model_len or context
+        self.proposer = self._make_proposer()  # first: a draft's weights and cache come out of the KV budget
         self.cache, self.pool = self._make_kv_cache()
         scheduler_cls = StaticScheduler if config.batching == "static" else ContinuousScheduler
         chunk = config.max_tokens_per_prefill_chunk if config.chunked_prefill else None
         self.scheduler = scheduler_cls(config.max_num_seqs, self.max_model_len, config.max_tokens_per_step, self.pool,
                                        chunk)
         self.runner = ModelRunner(model, self.cache)
-        self.proposer = self._make_proposer()
         self.speculation_counts = {"passes": 0, "drafted": 0, "examined": 0, "accepted": 0, "emitted": 0}
         self.requests: dict[str, Request] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
@@ -162,6 +162,11 @@ class LLMEngine:
         if draft.config.max_position_embeddings < self.max_model_len:
             raise ValueError(f"the draft model's context ({draft.config.max_position_embeddings}) is shorter than "
                              f"max_model_len ({self.max_model_len})")
+        shape = draft.config
+        per_token = kv_bytes_per_token(shape.num_layers, shape.num_kv_heads, shape.head_dim, draft.dtype)
+        self._check_memory(self.config.max_num_seqs * self.max_model_len * per_token,
+                           f"the draft model's cache: max_num_seqs={self.config.max_num_seqs} x max_model_len="
+                           f"{self.max_model_len} tokens x {format_bytes(per_token)} per token")
         return DraftModelProposer(draft, self.config.max_num_seqs, self.max_model_len)
 
     def _check_memory(self, needed: int, how: str) -> None:
@@ -286,11 +291,14 @@ class LLMEngine:
         output = self.scheduler.schedule()
         result = self._execute(output, proposals)
         updates = [StepUpdate(rid, "", True) for rid, err in result.failed.items() if self.fail(rid, err)]
-        speculation = self._count_speculation(output, result)
         advanced = self.scheduler.update(output, result.sampled)
         now = time.perf_counter()
+        delivered = {}  # request id -> tokens it really got (a stop inside a run of kept guesses cuts it)
         for request, count in advanced:
+            before = request.num_output_tokens - count
             updates.append(StepUpdate(request.request_id, self._emit(request, now, count), request.status.is_done))
+            delivered[request.request_id] = request.num_output_tokens - before
+        speculation = self._count_speculation(output, result, delivered)
         if output.is_empty and self.scheduler.waiting and not self.scheduler.running:
             self._refuse_stuck(self.scheduler.waiting[0])
         self._forget_drafts()
@@ -302,7 +310,10 @@ class LLMEngine:
         for (never past max_new_tokens or the context). A proposer that fails costs only the guesses."""
         if self.proposer is None:
             return {}
-        k = self.config.speculative.num_speculative_tokens
+        for request in self.scheduler.running:
+            request.draft_token_ids = []  # guesses of an earlier step that never ran are not this step's
+        # never more than the step budget could carry beside the token itself
+        k = min(self.config.speculative.num_speculative_tokens, self.config.max_tokens_per_step - 1)
         todo = [(r, min(k, r.params.max_new_tokens - r.num_output_tokens - 1, self.max_model_len - r.num_tokens))
                 for r in self.scheduler.running if r.num_uncomputed_tokens == 1]
         try:
@@ -316,19 +327,21 @@ class LLMEngine:
             request.draft_token_ids = list(proposal.token_ids) if proposal is not None else []
         return proposals
 
-    def _count_speculation(self, output: SchedulerOutput, result: StepResult) -> dict[str, tuple]:
+    def _count_speculation(self, output: SchedulerOutput, result: StepResult,
+                           delivered: dict[str, int]) -> dict[str, tuple]:
         """Add this step's verdicts to `speculation_counts`; returns them per request for the trace:
-        (guesses, tokens kept)."""
+        (guesses, tokens the rule kept — a stop may have delivered fewer)."""
         if self.proposer is None:
             return {}
-        verdicts = {}
+        verdicts, counts = {}, self.speculation_counts
         for chunk in output.chunks:
             new = result.sampled.get(chunk.request_id)
-            if chunk.is_prefill or new is None:
+            if new is None or chunk.request_id not in delivered:  # no token: a prefill chunk, failed, aborted
                 continue
-            counts = self.speculation_counts
+            if chunk.is_prefill and not chunk.num_drafts:  # a prompt's first token: no decode pass
+                continue
             counts["passes"] += 1
-            counts["emitted"] += len(new)
+            counts["emitted"] += delivered[chunk.request_id]
             if chunk.num_drafts:
                 accepted = len(new) - 1
                 counts["drafted"] += chunk.num_drafts

@@ -90,4 +90,7 @@ class ModelRunner:
             return accept_greedy(drafted, greedy_ids)
         target = filtered_logits(logits, params).softmax(dim=-1)  # (k + 1, vocab)
         proposal = proposals.get(chunk.request_id) if proposals is not None else None
-        return accept_sampled(drafted, target, proposal.probs if proposal is not None else None, generator)
+        q = None  # the guesses were drawn from q; the scheduler may have kept only the first few of them
+        if proposal is not None and proposal.probs is not None and proposal.token_ids[: len(drafted)] == list(drafted):
+            q = proposal.probs[: len(drafted)]
+        return accept_sampled(drafted, target, q, generator)

@@ -208,3 +208,107 @@ def test_speculative_sampling_keeps_the_targets_distribution(small_vocab, top_p)
     print(f"total variation: speculative sampling vs the target {tv:.3f}; the draft's own distribution {draft_tv:.3f}")
     assert tv < 0.05
     assert draft_tv > 0.15
+
+
+# ------------------------------------------------------------------------------------ what the hostile probe found
+
+
+def test_sampled_guesses_cut_by_the_step_budget_are_verified_with_their_own_distributions(model, draft_folder):
+    """The budget keeps only some of a request's guesses: the rule must get q for exactly those (it
+    used to get all k rows and fail the request)."""
+    engine = spec_engine(model, "draft", 4, draft_folder, max_tokens_per_step=8)
+    params = SamplingParams(temperature=1.0, max_new_tokens=8, ignore_eos=True, seed=1)
+    ids = [engine.add_request(p, params).request_id for p in ([5, 6, 7], [9, 10, 11])]
+    while engine.has_unfinished():
+        engine.step()
+    assert [engine.output(i).finish_reason for i in ids] == ["length", "length"]
+    assert any(0 < len(d) < 4 for s in engine.trace.steps for d, _ in s.speculation.values())
+
+
+def test_guesses_never_cost_another_request_its_token(model, same_draft_folder):
+    """Guesses ride along last: with a budget of 5, two decoding requests both advance every step, and
+    a newcomer is admitted at once (one request's guesses used to take the whole budget until it
+    finished)."""
+    engine = spec_engine(model, "draft", 4, same_draft_folder, max_tokens_per_step=5)
+    a = engine.add_request([5, 6], greedy(16)).request_id
+    b = engine.add_request([9, 10, 11], greedy(16)).request_id
+    counts, late = [], None
+    while engine.has_unfinished():
+        engine.step()
+        counts.append((engine.requests[a].num_output_tokens, engine.requests[b].num_output_tokens))
+        if len(counts) == 2:
+            late = engine.add_request([7, 8], greedy(4)).request_id
+        elif len(counts) == 3:
+            assert engine.requests[late].num_output_tokens == 1  # admitted in the step after it arrived
+    for (a0, b0), (a1, b1) in itertools.pairwise(counts):
+        assert (a1 > a0 or a1 == 16) and (b1 > b0 or b1 == 16)
+    assert engine.output(a).token_ids == _reference(model, (5, 6), 16)
+    assert engine.output(late).token_ids == _reference(model, (7, 8), 4)
+
+
+def test_guesses_never_preempt(model, draft_folder):
+    """A pool that fits the requests but not their guesses: guesses shrink to the free blocks, nobody
+    is preempted for them."""
+    params = [([5 + i] * 8, greedy(n)) for i, n in enumerate((24, 8))]
+    plain = spec_engine(model, "ngram", 4, None, "paged", block_size=4, num_blocks=8)
+    spec = spec_engine(model, "draft", 4, draft_folder, "paged", block_size=4, num_blocks=8)
+    for engine in (plain, spec):
+        ids = [engine.add_request(p, sp).request_id for p, sp in params]
+        while engine.has_unfinished():
+            engine.step()
+        assert not any(s.preempted for s in engine.trace.steps)
+        assert [engine.output(i).token_ids for i in ids] == [_reference(model, tuple(p), sp.max_new_tokens)
+                                                             for p, sp in params]
+
+
+def test_a_request_id_reused_after_an_abort_starts_a_fresh_draft_cache(model, same_draft_folder):
+    """The draft model's cache for an aborted request is not taken for a new request with its id."""
+    rates = []
+    for reuse in (False, True):
+        engine = spec_engine(model, "draft", 4, same_draft_folder)
+        engine.add_request(list(range(30, 50)), greedy(30), request_id="x")
+        for _ in range(3):
+            engine.step()
+        engine.abort("x")
+        new_id = "x" if reuse else "y"
+        engine.add_request(list(range(100, 120)), greedy(12), request_id=new_id)
+        while engine.has_unfinished():
+            engine.step()
+        assert engine.output(new_id).token_ids == _reference(model, tuple(range(100, 120)), 12)
+        verdicts = [s.speculation[new_id] for s in engine.trace.steps[3:] if new_id in s.speculation]
+        rates.append(sum(len(kept) - 1 for _, kept in verdicts) / sum(len(d) for d, _ in verdicts))
+    assert rates == [1.0, 1.0]  # the model drafting for itself: every guess right, whatever the id
+
+
+def test_metrics_count_the_tokens_delivered_and_a_one_token_last_chunk_is_a_verification(model, same_draft_folder):
+    # a stop token inside a run of kept guesses: tokens_per_pass counts what the request got
+    engine = spec_engine(model, "draft", 4, same_draft_folder)
+    reference = _reference(model, (40, 41, 42), 10)
+    request = engine.add_request([40, 41, 42], greedy(10, stop_token_ids=[reference[2]]))
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.output(request.request_id).token_ids == reference[:3]
+    metrics = engine.speculative_metrics
+    assert metrics["tokens_per_pass"] * metrics["passes"] == 2  # the first token came from the prefill
+    # chunks of 3 for a 7-token prompt: the last chunk is 1 token, which brings guesses: counted and traced
+    engine = spec_engine(model, "draft", 4, same_draft_folder, chunked_prefill=True, max_tokens_per_prefill_chunk=3)
+    request = engine.add_request([9, 8, 7, 6, 5, 4, 3], greedy(10))
+    while engine.has_unfinished():
+        engine.step()
+    verdicts = [s.speculation[request.request_id] for s in engine.trace.steps if request.request_id in s.speculation]
+    assert engine.speculative_metrics["drafted"] == sum(len(d) for d, _ in verdicts)
+    assert sum(len(kept) for _, kept in verdicts) == 10  # every token came through a verification
+
+
+def test_the_draft_cache_is_checked_against_memory(model, same_draft_folder, monkeypatch):
+    import minillm.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "available_bytes", lambda device: 1 << 16)
+    with pytest.raises(ValueError, match="the draft model's cache"):
+        spec_engine(model, "draft", 4, same_draft_folder, max_num_seqs=64)
+
+
+def test_a_path_names_the_draft_model(model, same_draft_folder):
+    from pathlib import Path
+
+    assert SpeculativeConfig("draft", 2, Path(same_draft_folder)).draft_model == same_draft_folder

@@ -47,13 +47,11 @@ class ContinuousScheduler(Scheduler):
             grant = self._grant(request.num_uncomputed_tokens, budget)
             if request.status is not RequestStatus.RUNNING or grant == 0:
                 continue  # preempted just now, or its turn comes next step
-            # speculative decoding: a decode brings its guesses too, as many as the budget leaves room for
-            drafts = request.draft_token_ids[: budget - 1] if request.num_uncomputed_tokens == 1 else []
-            preempted += self._make_room(request, len(drafts))
+            preempted += self._make_room(request)
             if request.status is not RequestStatus.RUNNING:
                 continue  # it was the newest: preempted itself
-            chunks.append(self._chunk(request, grant, drafts))
-            budget -= grant + len(drafts)
+            chunks.append(self._chunk(request, grant))
+            budget -= grant
         # admit while slots, budget and blocks allow (not in a step that had to preempt: no thrashing)
         while self.waiting and self.free_slots and not preempted:
             request = self.waiting[0]
@@ -72,7 +70,27 @@ class ContinuousScheduler(Scheduler):
             chunks.append(self._chunk(request, grant))
             budget -= grant
             new.append(request)
+        if budget > 0:
+            self._add_guesses(chunks, budget)
         return self._output(chunks, new, preempted)
+
+    def _add_guesses(self, chunks: list, budget: int) -> None:
+        """Speculative decoding: the guesses of the requests that sample this step ride along last,
+        from what is left of the budget and of the free blocks — they never delay another request's
+        token, an admission, or cost anyone their blocks."""
+        by_id = {r.request_id: r for r in self.running}
+        for i, chunk in enumerate(chunks):
+            request = by_id.get(chunk.request_id)
+            if budget <= 0 or request is None or not request.draft_token_ids or not chunk.samples:
+                continue
+            drafts = request.draft_token_ids[:budget]
+            if self.pool is not None:
+                while drafts and not self.pool.can_hold(request.request_id, request.num_tokens + len(drafts)):
+                    drafts = drafts[:-1]
+                self.pool.append(request.request_id, request.num_tokens + len(drafts))
+            if drafts:
+                chunks[i] = self._chunk(request, chunk.num_tokens, drafts)
+                budget -= len(drafts)
 
     def _grant(self, need: int, budget: int) -> int:
         """How many of `need` tokens a request runs this step: all of them if they fit the budget (0
@@ -81,21 +99,20 @@ class ContinuousScheduler(Scheduler):
             return need if need <= budget else 0
         return min(need, self.max_prefill_chunk, budget)
 
-    def _make_room(self, request: Request, num_drafts: int = 0) -> list[str]:
-        """Give a running request the blocks for all its tokens (and its guesses), preempting the
-        newest running requests while the pool is short (`request` itself, if it is the newest).
-        Returns the ids of the preempted."""
+    def _make_room(self, request: Request) -> list[str]:
+        """Give a running request the blocks for all its tokens, preempting the newest running
+        requests while the pool is short (`request` itself, if it is the newest). Returns the ids
+        of the preempted."""
         if self.pool is None:
             return []
         preempted = []
-        needed = request.num_tokens + num_drafts
-        while not self.pool.can_hold(request.request_id, needed):
+        while not self.pool.can_hold(request.request_id, request.num_tokens):
             victim = self.running[-1]
             self._preempt(victim)
             preempted.append(victim.request_id)
             if victim is request:
                 return preempted
-        self.pool.append(request.request_id, needed)
+        self.pool.append(request.request_id, request.num_tokens)
         return preempted
 
     def _preempt(self, request: Request) -> None:
@@ -104,6 +121,7 @@ class ContinuousScheduler(Scheduler):
         self.pool.free(request.request_id)
         request.slot = None
         request.num_computed_tokens = 0  # everything is recomputed when it comes back
+        request.draft_token_ids = []  # and guessed anew
         request.status = RequestStatus.PREEMPTED
         request.num_preemptions += 1
         self.waiting.appendleft(request)

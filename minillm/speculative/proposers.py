@@ -54,8 +54,10 @@ class NgramProposer:
 
 @dataclass
 class _Held:
-    """What one request's slot of the draft cache holds: its first `base` tokens, then `drafted`."""
+    """What one request's slot of the draft cache holds: its first `base` tokens, then `drafted`.
+    `owner`: the request they belong to (an id can come back as another request after an abort)."""
 
+    owner: Request
     slot: int
     base: int
     drafted: list[int] = field(default_factory=list)
@@ -86,10 +88,11 @@ class DraftModelProposer:
         feeds = {}
         for request, _, tokens in todo:
             held = self.held.get(request.request_id)
-            start = held.valid_prefix(tokens) if held is not None and held.slot == request.slot else 0
+            same = held is not None and held.owner is request and held.slot == request.slot
+            start = held.valid_prefix(tokens) if same else 0
             start = min(start, len(tokens) - 1)  # the newest token is always fed: its logits draft the first guess
             feeds[request.request_id] = (start, tokens[start:])
-            self.held[request.request_id] = _Held(request.slot, len(tokens))
+            self.held[request.request_id] = _Held(request, request.slot, len(tokens))
         for round_ in range(max((k for _, k, _ in todo), default=0)):
             active = [(r, tokens) for r, k, tokens in todo if round_ < k]
             input_ids = [t for r, _ in active for t in feeds[r.request_id][1]]
