@@ -166,6 +166,7 @@ def plot(saved: dict, path: Path) -> None:
         ax.axhline(result["speedups"]["transformers"], color="#c60", ls=":",
                    label=f"transformers: speedup ({'assisted' if result['method'] == 'draft' else 'prompt lookup'})")
         ax.axhline(1, color="#bbb", lw=1)
+        ax.set_xticks(ks)
         ax.set(xlabel="k (guesses per step)", ylim=(0, None),
                title=f"{task}, batch 1 ({'draft model' if result['method'] == 'draft' else 'n-gram lookup'})")
         ax.legend(fontsize=7)

@@ -29,7 +29,12 @@ class SpeculativeConfig:
 
     method "draft": a small model with the target's tokenizer proposes (`draft_model`: a shipped name,
     a local folder or a hub id; default the shipped "draft"). method "ngram": prompt lookup, the
-    tokens that followed the request's last `ngram_max`..`ngram_min` tokens earlier in the request."""
+    tokens that followed the request's last `ngram_max`..`ngram_min` tokens earlier in the request.
+
+    Greedy tokens are exactly those without speculation. Sampled tokens follow exactly the target's
+    distribution, and a seeded request repeats itself run to run on the same requests — but which
+    tokens it draws can depend on how many guesses each step verified, which the step budget and the
+    free blocks, and so the other requests, decide (without speculation they cannot)."""
 
     method: str = "draft"
     num_speculative_tokens: int = 4

@@ -41,8 +41,8 @@ class Verification:
 def verdicts(guesses: Sequence[int], kept: Sequence[int]) -> tuple[list[str], str]:
     """Per guess: accepted, rejected (the first the target refused) or not checked (after it); and
     what the last kept token is: the target's correction, or a bonus when every guess was kept.
-    `kept` holds the accepted guesses and then one token of the target's (fewer if the request
-    stopped inside the run)."""
+    `kept` holds the accepted guesses and then one token of the target's (as the rule decided: a
+    stop inside the run may have delivered fewer)."""
     accepted = 0
     while accepted < min(len(guesses), len(kept) - 1) and kept[accepted] == guesses[accepted]:
         accepted += 1
@@ -103,8 +103,8 @@ def render_verification(v: Verification, index: int, total: int, decode: Callabl
     accepted = marks.count(ACCEPTED)
     before = decode(list(v.context))
     tail = ("…" + before[-tail_chars:]) if len(before) > tail_chars else before
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="spec-stepper" width="{width}" height="150" '
-             f'viewBox="0 0 {width} 150" style="max-width:100%;height:auto" data-step="{index}" '
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="spec-stepper" width="{width}" height="166" '
+             f'viewBox="0 0 {width} 166" style="max-width:100%;height:auto" data-step="{index}" '
              'font-family="sans-serif" font-size="12">',
              f'<text x="0" y="14" font-weight="bold">verification {index + 1} / {total} · engine step {v.step}: '
              f'{accepted} of {len(v.guesses)} guesses kept, {len(v.kept)} token{"s" * (len(v.kept) != 1)} from one '
@@ -128,8 +128,8 @@ def render_verification(v: Verification, index: int, total: int, decode: Callabl
         parts.append(f'<rect x="{x}" y="128" width="12" height="12" fill="{COLOURS[mark]}" fill-opacity="0.5"/>'
                      f'<text x="{x + 16}" y="139" fill="#555">{mark}</text>')
         x += 24 + len(mark) * 6.5
-    parts.append(f'<text x="{x + 10}" y="139" fill="#555">(correction: the target\'s token where it refused a '
-                 'guess; bonus: its token after all k were kept)</text></svg>')
+    parts.append('<text x="0" y="158" fill="#555">correction: the target\'s own token where it refused a guess · '
+                 'bonus: its token after all k were kept · ⏎ a line break, ␣ a space</text></svg>')
     return "".join(parts)
 
 
