@@ -18,7 +18,8 @@ def accept_drafts(drafted: list[int], p: list[list[float]], q: list[list[float]]
     Rules, for i = 0, 1, ...:
       accept drafted[i] if uniforms[i] < min(1, p[i][d] / q[i][d]) (d = drafted[i]);
       at the first rejection: return the accepted ones + [draw(residual)], residual = max(0, p[i] - q[i])
-      element by element, divided by its sum (if the sum is 0, use p[i]);
+      element by element, divided by its sum (the sum can be 0 only through rounding, when p = q:
+      then use p[i]);
       if all k are accepted: return them + [draw(p[k])] (the bonus token).
     Call draw exactly once. Do not modify the arguments.
     """

@@ -96,13 +96,18 @@ def _shown(piece: str) -> str:
 
 
 def render_verification(v: Verification, index: int, total: int, decode: Callable[[list[int]], str],
-                        passes_so_far: int, tokens_so_far: int, width: int = 820, tail_chars: int = 70) -> str:
-    """SVG of one verification: the text so far (its tail), the guesses with their verdicts, the kept
-    tokens, and the running tokens-per-pass."""
+                        passes_so_far: int, tokens_so_far: int, prompt: Sequence[int] = (), width: int = 820,
+                        tail_chars: int = 70) -> str:
+    """SVG of one verification: the text so far (the tail of the prompt in grey, then the output), the
+    guesses with their verdicts, the kept tokens, and the running tokens-per-pass."""
     marks, last = verdicts(v.guesses, v.kept)
     accepted = marks.count(ACCEPTED)
-    before = decode(list(v.context))
-    tail = ("…" + before[-tail_chars:]) if len(before) > tail_chars else before
+    written = decode(list(v.context))
+    shown_prompt = decode(list(prompt))[-max(tail_chars - len(written), 0):] if prompt else ""
+    if len(written) > tail_chars:
+        shown_prompt, written = "", "…" + written[-tail_chars:]
+    elif prompt and len(shown_prompt) < len(decode(list(prompt))):
+        shown_prompt = "…" + shown_prompt
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="spec-stepper" width="{width}" height="166" '
              f'viewBox="0 0 {width} 166" style="max-width:100%;height:auto" data-step="{index}" '
              'font-family="sans-serif" font-size="12">',
@@ -110,10 +115,12 @@ def render_verification(v: Verification, index: int, total: int, decode: Callabl
              f'{accepted} of {len(v.guesses)} guesses kept, {len(v.kept)} token{"s" * (len(v.kept) != 1)} from one '
              f'target pass</text>',
              f'<text x="{width - 4}" y="14" text-anchor="end" fill="#555">so far: {tokens_so_far} tokens in '
-             f'{passes_so_far} passes = {tokens_so_far / max(passes_so_far, 1):.2f} per pass</text>']
+             f'{passes_so_far} pass{"es" * (passes_so_far != 1)} = {tokens_so_far / max(passes_so_far, 1):.2f} per '
+             'pass</text>']
     # the text: its tail in grey, then the kept tokens boxed
-    parts.append(f'<text x="0" y="44">text</text><text x="{LEFT}" y="44" font-family="monospace" font-size="12" '
-                 f'fill="#777">{html.escape(_shown(tail))}</text>')
+    parts.append(f'<text x="0" y="44">text</text><text x="{LEFT}" y="44" font-family="monospace" font-size="12">'
+                 f'<tspan fill="#aaa">{html.escape(_shown(shown_prompt))}</tspan>'
+                 f'<tspan fill="#222">{html.escape(_shown(written))}</tspan></text>')
     rows = [("guessed", 58, list(zip(v.guesses, marks))), ("kept", 88, [(t, ACCEPTED) for t in v.kept[:-1]]
                                                            + [(v.kept[-1], last)] if v.kept else [])]
     for label, y, tokens in rows:
@@ -129,16 +136,18 @@ def render_verification(v: Verification, index: int, total: int, decode: Callabl
                      f'<text x="{x + 16}" y="139" fill="#555">{mark}</text>')
         x += 24 + len(mark) * 6.5
     parts.append('<text x="0" y="158" fill="#555">correction: the target\'s own token where it refused a guess · '
-                 'bonus: its token after all k were kept · ⏎ a line break, ␣ a space</text></svg>')
+                 'bonus: its token after all k were kept · grey text: the prompt · ⏎ a line break, ␣ a space'
+                 '</text></svg>')
     return "".join(parts)
 
 
 class SpecStepper(Animation):
     """Play one request's verifications from a real trace (an engine with speculative decoding);
-    `output_token_ids`: the request's output, for the text so far."""
+    `output_token_ids` (and `prompt_token_ids`): the request's output (and prompt), for the text so far."""
 
     def __init__(self, trace: Trace, request_id: str, output_token_ids: Sequence[int],
-                 decode: Callable[[list[int]], str], max_frames: int = 60, interval_ms: int = 700):
+                 decode: Callable[[list[int]], str], prompt_token_ids: Sequence[int] = (), max_frames: int = 60,
+                 interval_ms: int = 700):
         found = verifications(trace, request_id, output_token_ids)
         if not found:
             raise ValueError(f"request {request_id!r} had no verified guesses in this trace (is speculation on, "
@@ -146,7 +155,8 @@ class SpecStepper(Animation):
         frames, tokens = [], len(found[0].context)
         for i, v in enumerate(found[:max_frames]):
             tokens += len(v.kept)
-            frames.append(render_verification(v, i, len(found), decode, i + 1, tokens - len(found[0].context)))
+            frames.append(render_verification(v, i, len(found), decode, i + 1, tokens - len(found[0].context),
+                                              prompt_token_ids))
         self.verifications = found
         labels = [f"verification {i + 1} / {len(found)}" for i in range(len(frames))]
         super().__init__([frames], labels, interval_ms=interval_ms, still=min(len(frames), 8) - 1)
@@ -161,7 +171,7 @@ def render_expectations(alpha: float, k: int, draft_cost: float, measured: Seque
     """Two plots against the acceptance rate: expected tokens per target pass for k = 1..max_k (k in
     bold), and the expected speedup for k at `draft_cost`; `measured`: dicts with label, alpha,
     tokens_per_pass and speedup (optional), drawn as points; a cursor at `alpha` with the values."""
-    width, height = 2 * (P_LEFT + PLOT_W) + 30, P_TOP + PLOT_H + 58
+    width, height = 2 * (P_LEFT + PLOT_W) + 30, P_TOP + PLOT_H + 72
     top_tokens = max_k + 1
     top_speedup = max(2.0, max((m.get("speedup") or 0 for m in measured), default=0) * 1.15,
                       expected_speedup(1.0, k, draft_cost) * 1.05)
@@ -177,7 +187,8 @@ def render_expectations(alpha: float, k: int, draft_cost: float, measured: Seque
                      f'<rect x="{X(0)}" y="{P_TOP}" width="{PLOT_W}" height="{PLOT_H}" fill="#fafafa" stroke="#ddd"/>')
         for a in (0, 0.25, 0.5, 0.75, 1):
             parts.append(f'<text x="{X(a):.1f}" y="{P_TOP + PLOT_H + 14}" text-anchor="middle">{a:g}</text>')
-        parts.append(f'<text x="{X(0.5):.1f}" y="{P_TOP + PLOT_H + 28}" text-anchor="middle">acceptance rate α</text>')
+        parts.append(f'<text x="{X(0.5):.1f}" y="{P_TOP + PLOT_H + 28}" text-anchor="middle">α: the share of '
+                     'examined guesses kept</text>')
         for v in range(0, int(top) + 1, max(1, int(top) // 6)):
             parts.append(f'<text x="{X(0) - 4:.1f}" y="{Y(v) + 4:.1f}" text-anchor="end">{v}</text>')
         if unit_line is not None:
@@ -191,7 +202,8 @@ def render_expectations(alpha: float, k: int, draft_cost: float, measured: Seque
                          f'α {a:.2f}, {v:.2f}</title></circle>'
                          f'<text x="{X(a) + 6:.1f}" y="{Y(v) - 5:.1f}" fill="#d62728">{html.escape(label)}</text>')
         parts.append(f'<line x1="{X(alpha):.1f}" y1="{P_TOP}" x2="{X(alpha):.1f}" y2="{P_TOP + PLOT_H}" '
-                     f'stroke="#c00"/><text x="{X(0) + 6:.1f}" y="{P_TOP + 14}">{html.escape(readout)}</text>')
+                     f'stroke="#c00"/><text x="{X(0):.1f}" y="{P_TOP + PLOT_H + 44}" fill="#c00">'
+                     f'{html.escape(readout)}</text>')
 
     grid = [i / 50 for i in range(51)]
     curves = [([(a, expected_tokens_per_pass(a, j)) for a in grid], "#4c78a8" if j == k else "#b8c7dc",

@@ -86,13 +86,6 @@ def without_q_the_guess_is_one_hot(impl: Callable) -> None:
 
 
 @acceptance.case
-def a_zero_residual_falls_back_to_p(impl: Callable) -> None:
-    """A rejection where max(0, p - q) sums to 0 draws from p itself."""
-    _accept(impl, [0], [[1.0, 0.0], [0.5, 0.5]], [[1.0, 0.0]], [1.0], [DRAWN], "u = 1.0 rejects even p = q",
-            want_drawn=[1.0, 0.0])
-
-
-@acceptance.case
 def the_arguments_are_left_unchanged(impl: Callable) -> None:
     """The argument lists are left as they were."""
     drafted, p, q, u = [1, 0], [[0.5, 0.5], [0.5, 0.5], [0.5, 0.5]], [[0.2, 0.8], [0.9, 0.1]], [0.3, 0.9]
