@@ -4,7 +4,7 @@ import pytest
 
 from minillm.trace import SlotState, StepRecord, Trace
 from tests.test_chunked_prefill import greedy, make_engine, serve
-from widgets.step_composition import StepComposition, composition, inter_token_latencies, render_frame
+from widgets.step_composition import StepComposition, composition, inter_token_latencies, render_frame, time_labels
 
 
 def record(step: int, start: float, duration: float, *slots: tuple | None) -> StepRecord:
@@ -51,6 +51,13 @@ def test_a_frame_draws_only_the_steps_begun_by_its_time():
     assert "<polyline" not in early
 
 
+def test_time_labels_stay_distinct_for_a_run_of_milliseconds():
+    assert list(time_labels(2.0, 3)) == ["0.000 s / 2.000 s", "1.000 s / 2.000 s", "2.000 s / 2.000 s"]
+    short = time_labels(0.009, 12)  # 0.8 ms apart: three decimals would merge neighbours
+    assert len(short) == 12 and list(short)[-1] == "0.0090 s / 0.0090 s"
+    assert len(time_labels(0.0, 5)) == 1
+
+
 def test_the_widget_shares_one_time_axis_and_refuses_empty_traces(model):
     runs = {}
     for name, chunk in (("unchunked", None), ("chunked", 8)):
@@ -60,7 +67,7 @@ def test_the_widget_shares_one_time_axis_and_refuses_empty_traces(model):
     widget = StepComposition(runs, max_frames=12)
     assert len(widget.slider.options) == 12 == len(widget.stacks[0].children) == len(widget.stacks[1].children)
     span = max(t.steps[-1].start_time + t.steps[-1].duration - t.steps[0].start_time for t in runs.values())
-    assert widget.slider.options[-1] == f"{span:.3f} s / {span:.3f} s"
+    assert widget.times[-1] == pytest.approx(span) and widget.slider.options[-1] == list(time_labels(span, 12))[-1]
     chunked_last = widget.stacks[1].children[-1].value
     assert "request 1: 8 prefill tokens" in chunked_last  # the 50-token prompt in chunks of 8
     assert "request 1: 50 prefill tokens" in widget.stacks[0].children[-1].value  # unchunked: one step

@@ -150,6 +150,15 @@ def render_frame(trace: Trace, upto: float, title: str, time_span: float, max_to
     return "".join(parts)
 
 
+def time_labels(span: float, count: int) -> dict[str, float]:
+    """`count` evenly spaced times from 0 to `span`, labelled "t s / span s" with as many decimals as
+    keep neighbours apart (3, more for a run of a few milliseconds)."""
+    gap = span / (count - 1)
+    decimals = 3 if gap <= 0 else min(9, max(3, -math.floor(math.log10(gap))))
+    times = [span * i / (count - 1) for i in range(count)]
+    return {f"{t:.{decimals}f} s / {span:.{decimals}f} s": t for t in times}  # a zero span gives one frame
+
+
 class StepComposition(Animation):
     """Animated step composition of one or more traces on one time axis (e.g. the same arrivals
     unchunked and chunked); the slider names the time shown."""
@@ -162,8 +171,8 @@ class StepComposition(Animation):
         max_tokens = max(b.num_tokens for steps in bars.values() for b in steps)
         max_itl = max((itl for t in traces.values() for _, itl, _ in inter_token_latencies(t)), default=0.0)
         count = max(2, max_frames)
-        labels = {f"{span * i / (count - 1):.3f} s / {span:.3f} s": span * i / (count - 1) for i in range(count)}
-        self.times = list(labels.values())  # a very short run gives fewer distinct frames
+        labels = time_labels(span, count)
+        self.times = list(labels.values())
         panels = [[render_frame(trace, t, name, span, max_tokens, max_itl) for t in self.times]
                   for name, trace in traces.items()]
         super().__init__(panels, list(labels), interval_ms=interval_ms, start=-1)  # opens on the whole run
