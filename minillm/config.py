@@ -83,6 +83,9 @@ class EngineConfig:
     trace_max_steps: int | None = 10_000  # the trace keeps this many recent steps (None: all of them)
     prefix_cache: bool = False  # reuse cached full KV blocks of earlier requests (chapter 5; paged only)
     speculative: SpeculativeConfig | None = None  # draft tokens and verify them in one pass (chapter 7)
+    compile: bool = False  # decode steps through torch.compile, one compiled step per batch bucket (chapter 8)
+    cuda_graphs: bool = False  # decode steps as CUDA Graphs, one captured per batch bucket (chapter 8; CUDA)
+    graph_batch_sizes: tuple[int, ...] | None = None  # the buckets; None: 1, 2, 4, then steps of 8 to max_num_seqs
 
     def __post_init__(self) -> None:
         if self.batching not in BATCHING:
@@ -103,7 +106,8 @@ class EngineConfig:
         if (not isinstance(self.gpu_memory_utilization, int | float) or isinstance(self.gpu_memory_utilization, bool)
                 or not 0 < self.gpu_memory_utilization <= 1):
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
-        for name in ("chunked_prefill", "prefix_cache") + (("use_triton",) if self.use_triton is not None else ()):
+        for name in ("chunked_prefill", "prefix_cache", "compile", "cuda_graphs") + (
+                ("use_triton",) if self.use_triton is not None else ()):
             if not is_bool(getattr(self, name)):
                 allowed = "None, True or False" if name == "use_triton" else "True or False"
                 raise ValueError(f"{name} must be {allowed}, got {getattr(self, name)!r}")
@@ -118,7 +122,24 @@ class EngineConfig:
         if self.speculative is not None and self.batching != "continuous":
             raise ValueError("speculative decoding needs batching='continuous' (requests accept different numbers of "
                              "tokens per step)")
+        self._check_recording()
         if self.device not in (None, "cpu", "cuda") and not str(self.device).startswith("cuda:"):
             raise ValueError(f"device must be None, 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         if self.dtype not in (None, "float32", "float16", "bfloat16"):
             raise ValueError(f"dtype must be None, 'float32', 'float16' or 'bfloat16', got {self.dtype!r}")
+
+    def _check_recording(self) -> None:
+        """compile / cuda_graphs (chapter 8): one of them, on the paged cache, with valid buckets."""
+        if self.compile and self.cuda_graphs:
+            raise ValueError("choose compile=True or cuda_graphs=True, not both")
+        if (self.compile or self.cuda_graphs) and self.kv != "paged":
+            raise ValueError(f"{'compile' if self.compile else 'cuda_graphs'}=True needs kv='paged' (the recorded "
+                             "step reads block tables)")
+        sizes = self.graph_batch_sizes
+        if sizes is None:
+            return
+        if (not isinstance(sizes, tuple | list) or not sizes
+                or any(not is_int(b) or not 1 <= b <= self.max_num_seqs for b in sizes)):
+            raise ValueError(f"graph_batch_sizes must be a non-empty tuple of integers in [1, max_num_seqs="
+                             f"{self.max_num_seqs}] or None, got {sizes!r}")
+        object.__setattr__(self, "graph_batch_sizes", tuple(sorted({int(b) for b in sizes})))

@@ -38,6 +38,8 @@ from minillm.attention import ContiguousKVCache
 from minillm.attention.paged import PagedKVCache, kv_bytes_per_token
 from minillm.config import EngineConfig
 from minillm.detokenizer import IncrementalDetokenizer
+from minillm.graphs import batch_size_buckets
+from minillm.graphs.recorded_decode import RecordedDecode
 from minillm.kv.block_pool import BlockPool
 from minillm.memory import available_bytes, format_bytes
 from minillm.metrics import RequestMetrics
@@ -99,7 +101,7 @@ class LLMEngine:
         chunk = config.max_tokens_per_prefill_chunk if config.chunked_prefill else None
         self.scheduler = scheduler_cls(config.max_num_seqs, self.max_model_len, config.max_tokens_per_step, self.pool,
                                        chunk)
-        self.runner = ModelRunner(model, self.cache)
+        self.runner = ModelRunner(model, self.cache, self._make_recorded_decode())
         self.speculation_counts = {"passes": 0, "drafted": 0, "examined": 0, "accepted": 0, "emitted": 0}
         self.requests: dict[str, Request] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
@@ -143,7 +145,8 @@ class LLMEngine:
 
             power_of_two = config.block_size & (config.block_size - 1) == 0
             use_triton = power_of_two and unavailable_reason(model.device) is None
-        cache = PagedKVCache.for_model(spec, num_blocks, config.block_size, model.dtype, model.device, bool(use_triton))
+        cache = PagedKVCache.for_model(spec, num_blocks, config.block_size, model.dtype, model.device, bool(use_triton),
+                                       pad_block=config.compile or config.cuda_graphs)
         logger.info("%s (%s)", cache.describe(), "Triton kernels" if use_triton else "torch reference")
         return cache, BlockPool(num_blocks, config.block_size, prefix_cache=config.prefix_cache)
 
@@ -168,6 +171,22 @@ class LLMEngine:
                            f"the draft model's cache: max_num_seqs={self.config.max_num_seqs} x max_model_len="
                            f"{self.max_model_len} tokens x {format_bytes(per_token)} per token")
         return DraftModelProposer(draft, self.config.max_num_seqs, self.max_model_len)
+
+    def _make_recorded_decode(self) -> RecordedDecode | None:
+        """Chapter 8: pure-decode steps through a step recorded per batch-size bucket — CUDA Graphs
+        captured now (`cuda_graphs`), or torch.compile'd on first use (`compile`)."""
+        config = self.config
+        if not (config.compile or config.cuda_graphs):
+            return None
+        if config.cuda_graphs and self.model.device.type != "cuda":
+            raise ValueError(f"cuda_graphs=True needs a CUDA device, and this engine runs on {self.model.device}: on "
+                             "a CPU, compile=True records the same fixed-shape decode step with torch.compile")
+        buckets = list(config.graph_batch_sizes or batch_size_buckets(config.max_num_seqs))
+        recorded = RecordedDecode(self.model, self.cache, buckets, "cuda_graphs" if config.cuda_graphs else "compile",
+                                  max_blocks_per_seq=self.pool.blocks_for(self.max_model_len))
+        if config.cuda_graphs:
+            recorded.capture()
+        return recorded
 
     def _check_memory(self, needed: int, how: str) -> None:
         available = available_bytes(self.model.device)
@@ -302,7 +321,7 @@ class LLMEngine:
         if output.is_empty and self.scheduler.waiting and not self.scheduler.running:
             self._refuse_stuck(self.scheduler.waiting[0])
         self._forget_drafts()
-        self._record(output, start, now, speculation)
+        self._record(output, start, now, speculation, result.bucket)
         return updates
 
     def _propose(self) -> dict[str, Proposal]:
@@ -428,7 +447,8 @@ class LLMEngine:
                 break
         return text
 
-    def _record(self, output: SchedulerOutput, start: float, end: float, speculation: dict | None = None) -> None:
+    def _record(self, output: SchedulerOutput, start: float, end: float, speculation: dict | None = None,
+                recorded_batch: int | None = None) -> None:
         ran = {c.slot: c for c in output.chunks}
         slots: list[SlotState | None] = [None] * self.config.max_num_seqs
         for slot, request_id in self.scheduler.slot_owners().items():
@@ -451,7 +471,7 @@ class LLMEngine:
         self.trace.record(StepRecord(self.trace.next_step, start - self._t0, end - start, tuple(slots),
                                      tuple(r.request_id for r in output.new_requests), finished,
                                      output.preempted_ids, {r.request_id: r.num_computed_tokens for r in running},
-                                     blocks, hits, events, speculation or {}))
+                                     blocks, hits, events, speculation or {}, recorded_batch))
 
     def output(self, request_id: str) -> RequestOutput:
         r = self.requests[request_id]

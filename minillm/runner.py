@@ -21,6 +21,7 @@ import torch
 
 from minillm.attention import ContiguousKVCache
 from minillm.attention.paged import PagedKVCache
+from minillm.graphs.recorded_decode import RecordedDecode
 from minillm.model.decoder import CausalLM
 from minillm.sampling import SamplingParams, filtered_logits, sample
 from minillm.scheduler.output import SchedulerOutput
@@ -33,11 +34,14 @@ class StepResult:
     sampled: dict[str, list[int]] = field(default_factory=dict)  # request id -> its new token(s): one, or with
     #                                                               speculation the kept guesses and one more
     failed: dict[str, Exception] = field(default_factory=dict)  # request id -> why it got none
+    bucket: int | None = None  # the recorded step's batch size, when the step ran one (chapter 8)
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, cache: ContiguousKVCache | PagedKVCache):
+    def __init__(self, model: CausalLM, cache: ContiguousKVCache | PagedKVCache,
+                 recorded: RecordedDecode | None = None):
         self.model, self.cache = model, cache
+        self.recorded = recorded  # pure-decode steps through a CUDA Graph or a compiled step (chapter 8)
         self.sampling: dict[str, tuple[SamplingParams, torch.Generator | None]] = {}
 
     @torch.inference_mode()
@@ -54,20 +58,17 @@ class ModelRunner:
         if output.is_empty:
             return StepResult()
         chunks = output.chunks
-        input_ids = torch.tensor([t for c in chunks for t in c.token_ids], device=device)  # (num_tokens,)
-        positions = torch.tensor([p for c in chunks for p in range(c.start, c.start + c.num_tokens)], device=device)
-        where = [c.block_table for c in chunks] if isinstance(self.cache, PagedKVCache) else [c.slot for c in chunks]
-        backend = self.cache.batch(where, [c.start for c in chunks], [c.num_tokens for c in chunks])
-        hidden = self.model(input_ids, positions, backend)  # (num_tokens, hidden)
-        ends = list(itertools.accumulate(c.num_tokens for c in chunks))
+        recorded = self.recorded.run(chunks) if self.recorded is not None and self.recorded.accepts(chunks) else None
+        if recorded is not None:  # one row per chunk; keep the sampling ones
+            all_logits, bucket = recorded
+            logits = all_logits[[i for i, c in enumerate(chunks) if c.samples]]  # (num_rows, vocab)
+        else:
+            logits, bucket = self._eager_logits(chunks, device), None
         sampling = [c for c in chunks if c.samples]
         if not sampling:
-            return StepResult()
-        # the rows that need logits: each sampling chunk's last real token, and its guesses
-        rows = [r for c, end in zip(chunks, ends) if c.samples for r in range(end - 1 - c.num_drafts, end)]
-        logits = self.model.logits(hidden[rows])  # (num_rows, vocab)
+            return StepResult(bucket=bucket)
         greedy_ids = logits.argmax(dim=-1).tolist()  # every greedy row in one call
-        result, first = StepResult(), 0
+        result, first = StepResult(bucket=bucket), 0
         for chunk in sampling:
             n = chunk.num_drafts + 1
             params, generator = self.sampling[chunk.request_id]
@@ -78,6 +79,18 @@ class ModelRunner:
                 result.failed[chunk.request_id] = err
             first += n
         return result
+
+    def _eager_logits(self, chunks, device: torch.device) -> torch.Tensor:
+        """The forward pass of any step (prefill, decode, chunks, guesses): logits of the rows that
+        sample, (num_rows, vocab) — each sampling chunk's last real token, and its guesses."""
+        input_ids = torch.tensor([t for c in chunks for t in c.token_ids], device=device)  # (num_tokens,)
+        positions = torch.tensor([p for c in chunks for p in range(c.start, c.start + c.num_tokens)], device=device)
+        where = [c.block_table for c in chunks] if isinstance(self.cache, PagedKVCache) else [c.slot for c in chunks]
+        backend = self.cache.batch(where, [c.start for c in chunks], [c.num_tokens for c in chunks])
+        hidden = self.model(input_ids, positions, backend)  # (num_tokens, hidden)
+        ends = list(itertools.accumulate(c.num_tokens for c in chunks))
+        rows = [r for c, end in zip(chunks, ends) if c.samples for r in range(end - 1 - c.num_drafts, end)]
+        return self.model.logits(hidden[rows])
 
     @staticmethod
     def _new_tokens(chunk, params: SamplingParams, generator: torch.Generator | None, logits: torch.Tensor,

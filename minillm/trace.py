@@ -35,6 +35,7 @@ class StepRecord:
     speculation: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
     #   speculative decoding: per verified request, (the proposer's guesses, the tokens kept: accepted guesses
     #   and the target's own last one)
+    recorded_batch: int | None = None  # chapter 8: the bucket whose recorded step (graph / compiled) ran it
 
     @property
     def num_tokens(self) -> int:

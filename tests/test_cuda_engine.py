@@ -115,3 +115,61 @@ def test_speculative_decoding_on_cuda_matches_the_naive_loop(method, k):
         assert [engine.output(i).token_ids for i in ids] == expected
         assert engine.speculative_metrics["passes"] > 0
         assert not engine.pool.tables and engine.pool.num_free_blocks == engine.pool.num_blocks  # no block leaks
+
+
+@pytest.mark.parametrize("use_triton", [True, False])
+def test_cuda_graphs_match_the_naive_loop_across_buckets_preemption_and_aborts(tmp_path, use_triton):
+    """Chapter 8: one graph per bucket (1, 2, 4), 1-6 decodes (5 and 6 run eagerly), a pool small
+    enough to preempt, an abort mid-run; the torch attention and the Triton kernels."""
+    if use_triton:
+        pytest.importorskip("triton")
+    make_checkpoint("qwen3", tmp_path, seed=3)
+    model = load_model(tmp_path, device="cuda", dtype=torch.float32)
+    prompts = [[5 + i, 6, 7 + i] for i in range(6)]
+    lengths = [30, 26, 22, 14, 8, 4]
+    expected = [generate_without_cache(model, ByteTokenizer(), p, SamplingParams(temperature=0, max_new_tokens=n,
+                                                                                 ignore_eos=True)).token_ids
+                for p, n in zip(prompts, lengths)]
+    per_token = 2 * model.config.num_layers * model.config.num_kv_heads * model.config.head_dim * 4
+    for blocks in (96, 14):
+        config = EngineConfig(max_num_seqs=6, max_model_len=64, kv="paged", block_size=8, device="cuda",
+                              dtype="float32", kv_cache_bytes=blocks * 8 * per_token, use_triton=use_triton,
+                              cuda_graphs=True, graph_batch_sizes=(1, 2, 4))
+        engine = LLMEngine(model, ByteTokenizer(), config)
+        assert set(engine.runner.recorded.graphs) == {1, 2, 4}  # captured at start-up
+        ids = [engine.add_request(p, SamplingParams(temperature=0, max_new_tokens=n, ignore_eos=True)).request_id
+               for p, n in zip(prompts, lengths)]
+        doomed = engine.add_request([9, 9], SamplingParams(temperature=0, max_new_tokens=40)).request_id
+        steps = 0
+        while engine.has_unfinished():
+            engine.step()
+            steps += 1
+            if steps == 5:
+                engine.abort(doomed)
+        assert [engine.output(i).token_ids for i in ids] == expected
+        assert {1, 2, 4} <= {step.recorded_batch for step in engine.trace.steps}
+        if blocks == 14:
+            assert any(step.preempted for step in engine.trace.steps)
+
+
+def test_a_graph_replay_allocates_nothing(tmp_path):
+    pytest.importorskip("triton")
+    make_checkpoint("qwen3", tmp_path, seed=3)
+    model = load_model(tmp_path, device="cuda", dtype=torch.float32)
+    config = EngineConfig(max_num_seqs=4, max_model_len=64, kv="paged", block_size=8, device="cuda", dtype="float32",
+                          kv_cache_bytes=32 * 8 * 2 * model.config.num_layers * model.config.num_kv_heads
+                          * model.config.head_dim * 4, cuda_graphs=True, graph_batch_sizes=(4,))
+    engine = LLMEngine(model, ByteTokenizer(), config)
+    for p in ([5, 6], [7, 8, 9]):
+        engine.add_request(p, SamplingParams(temperature=0, max_new_tokens=20, ignore_eos=True))
+    engine.step()  # the prefills, eagerly
+    graph, logits = engine.runner.recorded.graphs[4]
+    torch.cuda.synchronize()
+    allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    for _ in range(5):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert (torch.cuda.memory_allocated(), torch.cuda.memory_reserved()) == (allocated, reserved)
+    while engine.has_unfinished():
+        engine.step()
+    assert all(step.recorded_batch == 4 for step in engine.trace.steps[1:])

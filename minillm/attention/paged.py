@@ -30,11 +30,15 @@ class PagedKVCache:
     """The storage: a pile of `num_blocks` blocks per layer, for K and for V."""
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", use_triton: bool = False):
-        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", use_triton: bool = False,
+                 pad_block: bool = False):
+        # pad_block: one more block, owned by no request, where the padding rows of a recorded step
+        # (chapter 8) write and read; `num_blocks` stays the count requests can use
+        shape = (num_blocks + pad_block, block_size, num_kv_heads, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.num_blocks, self.block_size = num_blocks, block_size
+        self.pad_block: int | None = num_blocks if pad_block else None
         self.bytes_per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
         if use_triton:
             from minillm.attention import triton_paged
@@ -50,9 +54,9 @@ class PagedKVCache:
 
     @classmethod
     def for_model(cls, config, num_blocks: int, block_size: int, dtype: torch.dtype, device,
-                  use_triton: bool = False) -> PagedKVCache:
+                  use_triton: bool = False, pad_block: bool = False) -> PagedKVCache:
         return cls(config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim, dtype, device,
-                   use_triton)
+                   use_triton, pad_block)
 
     @property
     def nbytes(self) -> int:
@@ -64,7 +68,8 @@ class PagedKVCache:
         return self.num_blocks * self.block_size
 
     def describe(self) -> str:
-        return (f"paged KV cache: {self.num_blocks} blocks x {self.block_size} tokens = {self.num_slots} tokens, "
+        pad = " (+1 pad block)" if self.pad_block is not None else ""
+        return (f"paged KV cache: {self.num_blocks} blocks{pad} x {self.block_size} tokens = {self.num_slots} tokens, "
                 f"{format_bytes(self.bytes_per_token)} per token, {format_bytes(self.nbytes)}")
 
     def batch(self, block_tables: Sequence[Sequence[int]], starts: list[int], query_lens: list[int]) -> PagedBatch:
