@@ -685,3 +685,67 @@ def ngram_without_overlap(tokens, k, n_max, n_min):
             if tokens[start : start + n] == suffix:
                 return tokens[start + n : start + n + k]
     return []
+
+
+# ----------------------------------------------------------------------------- ch08.pad
+
+
+def _pad_lists(rows, bucket, width, block_size, pad_block, pad_slot=None, context=lambda p: p + 1):
+    padding = bucket - len(rows)
+    pad_slot = pad_block * block_size if pad_slot is None else pad_slot
+    return {"input_ids": [t for t, _, _ in rows] + [0] * padding, "positions": [p for _, p, _ in rows] + [0] * padding,
+            "slot_mapping": [b[p // block_size] * block_size + p % block_size for _, p, b in rows]
+            + [pad_slot] * padding,
+            "block_tables": [list(b) + [pad_block] * (width - len(b)) for _, _, b in rows]
+            + [[pad_block] * width for _ in range(padding)],
+            "context_lens": [context(p) for _, p, _ in rows] + [1] * padding}
+
+
+@wrong("ch08.pad", "smallest bucket that holds it")
+def pad_to_the_largest_bucket(rows, buckets, width, block_size, pad_block):
+    if len(rows) > buckets[-1]:
+        return None
+    return _pad_lists(rows, buckets[-1], width, block_size, pad_block)  # WRONG: always the largest bucket
+
+
+@wrong("ch08.pad", "read and write only the pad block")
+def padding_writes_into_slot_zero(rows, buckets, width, block_size, pad_block):
+    bucket = next((b for b in buckets if b >= len(rows)), None)
+    if bucket is None:
+        return None
+    return _pad_lists(rows, bucket, width, block_size, pad_block, pad_slot=0)  # WRONG: slot 0 is some request's
+
+
+@wrong("ch08.pad", "as the engine pads it")
+def context_without_the_new_token(rows, buckets, width, block_size, pad_block):
+    bucket = next((b for b in buckets if b >= len(rows)), None)
+    if bucket is None:
+        return None
+    return _pad_lists(rows, bucket, width, block_size, pad_block, context=lambda p: p)  # WRONG: its own token too
+
+
+# ----------------------------------------------------------------------------- ch08.fill
+
+
+@wrong("ch08.fill", "same tensors, at the same addresses")
+def fill_by_replacing_the_buffers(buffers, batch):
+    for name, buffer in buffers.items():
+        if torch.tensor(batch[name]).shape != buffer.shape:
+            raise ValueError(name)
+    for name, buffer in buffers.items():
+        buffers[name] = torch.tensor(batch[name], dtype=buffer.dtype)  # WRONG: a new tensor the graph never saw
+
+
+@wrong("ch08.fill", "raises ValueError")
+def fill_without_checking_shapes(buffers, batch):
+    for name, buffer in buffers.items():
+        buffer.copy_(torch.tensor(batch[name], dtype=buffer.dtype))  # WRONG: a 1-row batch broadcasts into 4 rows
+
+
+@wrong("ch08.fill", "changes nothing")
+def fill_checking_as_it_goes(buffers, batch):
+    for name, buffer in buffers.items():
+        value = torch.tensor(batch[name], dtype=buffer.dtype)
+        if value.shape != buffer.shape:  # WRONG: the buffers before this one are already overwritten
+            raise ValueError(name)
+        buffer.copy_(value)
