@@ -1,6 +1,6 @@
 """Chapters 2–3 benchmark: serving many requests — Hugging Face vs minillm, static vs continuous.
 
-    python benchmarks/batching.py [--requests 64] [--batch 16] [--skip-hf-serial]
+    python benchmarks/batching.py [--requests 64] [--batch 16] [--skip-hf-serial] [--skip-compiled]
 
 Two workloads on the shipped target, greedy, ignore_eos, fixed seed:
   mixed  — prompts of 16–128 tokens (held-out Shakespeare), outputs of 8–256 tokens
@@ -12,6 +12,8 @@ runs once):
   HF generate_batch  transformers' own continuous batching
   minillm static     EngineConfig(batching="static", max_num_seqs=--batch)
   minillm continuous EngineConfig(batching="continuous", max_num_seqs=--batch)
+  minillm continuous, compiled   the same on the paged cache with compile=True (chapter 8), its
+                     buckets compiled before the runs
 The minillm outputs are asserted identical to each other and to HF serial. Results (output tok/s,
 TTFT and TPOT p50/p99) go to benchmarks/results/batching.json and batching.png.
 """
@@ -115,8 +117,17 @@ def hf_generate_batch(hf, workload):
     return outputs, metrics, total
 
 
-def minillm_engine(batching: str, workload, batch: int):
-    llm = LLM(config=EngineConfig(batching=batching, max_num_seqs=batch, max_model_len=512))
+def compiled_llm(batch: int) -> LLM:
+    """Continuous batching on the paged cache with compiled decode steps (chapter 8), every bucket
+    compiled before anything is timed: requests ending one step apart sweep the batch from `batch` to 1."""
+    llm = LLM(config=EngineConfig(kv="paged", max_num_seqs=batch, max_model_len=512, compile=True))
+    llm.generate([[5, 6, 7]] * batch, [minillm.SamplingParams(temperature=0, max_new_tokens=2 + i, ignore_eos=True)
+                                      for i in range(batch)], use_tqdm=False)
+    return llm
+
+
+def minillm_engine(batching: str, workload, batch: int, llm: LLM | None = None):
+    llm = llm or LLM(config=EngineConfig(batching=batching, max_num_seqs=batch, max_model_len=512))
     params = [minillm.SamplingParams(temperature=0, max_new_tokens=n, ignore_eos=True) for _, n in workload]
     start = time.perf_counter()
     outs = llm.generate([p for p, _ in workload], params, use_tqdm=False)
@@ -145,6 +156,9 @@ def run(kind: str, hf, tokenizer, args) -> dict:
                "HF generate_batch": lambda: hf_generate_batch(hf, workload),
                "minillm static": lambda: minillm_engine("static", workload, args.batch),
                "minillm continuous": lambda: minillm_engine("continuous", workload, args.batch)}
+    if not args.skip_compiled:
+        compiled = compiled_llm(args.batch)
+        systems["minillm continuous, compiled"] = lambda: minillm_engine("continuous", workload, args.batch, compiled)
     best: dict[str, tuple] = {}
     for repeat in range(args.repeats):  # round robin, so that a noisy moment hits every system alike
         for name, fn in systems.items():
@@ -156,12 +170,17 @@ def run(kind: str, hf, tokenizer, args) -> dict:
         outs[name] = o
         rows.append(row(name, o, m, t, useful, **({"slot_utilisation": util[0]} if util else {})))
     assert outs["minillm static"] == outs["minillm continuous"], "minillm static and continuous outputs differ"
+    assert outs.get("minillm continuous, compiled", outs["minillm static"]) == outs["minillm static"], \
+        "the compiled engine's outputs differ"
     reference = outs.get("HF serial generate")
     matches_hf = None if reference is None else sum(a == b for a, b in zip(reference, outs["minillm continuous"]))
     by = {r["system"]: r["output_tok_per_s"] for r in rows}
     ratios = {"continuous_vs_static": by["minillm continuous"] / by["minillm static"],
               "continuous_vs_hf_generate_batch": by["minillm continuous"] / by["HF generate_batch"],
               "continuous_vs_hf_static": by["minillm continuous"] / by["HF static batched generate"]}
+    if "minillm continuous, compiled" in by:
+        ratios["compiled_vs_continuous"] = by["minillm continuous, compiled"] / by["minillm continuous"]
+        ratios["compiled_vs_hf_generate_batch"] = by["minillm continuous, compiled"] / by["HF generate_batch"]
     print("  ratios:", {k: round(v, 2) for k, v in ratios.items()})
     return {"workload": kind, "requests": len(workload), "output_tokens": useful, "rows": rows, "ratios": ratios,
             "requests_identical_to_hf_serial": matches_hf}
@@ -186,6 +205,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-hf-serial", action="store_true", help="skip the slowest baseline")
+    parser.add_argument("--skip-compiled", action="store_true", help="skip the compiled engine (chapter 8)")
     parser.add_argument("--repeats", type=int, default=2, help="runs per system (HF serial: one); the fastest counts")
     args = parser.parse_args()
     torch.manual_seed(args.seed)

@@ -31,9 +31,9 @@ QUESTIONS = [
              why_not=("A comparison of tensors is just one more kernel on the device.",
                       "Allocations during capture come from the graph's private memory pool and are replayed at the "
                       "same addresses; it is a copy to the host that cannot be recorded.", None)),
-    Question("On this course's CPU, compiling the float32 step gains about 1.4x at batch 1 but almost nothing at "
-             "batch 32. Why?",
-             ("At batch 32 the step is dominated by the matrix multiplies, which compiling does not make faster",
+    Question("On this course's CPU, compiling the float32 step gains about 1.3x at batch 1 but only a few percent "
+             "from batch 8 up. Why?",
+             ("At larger batches the step is dominated by the matrix multiplies, which compiling does not make faster",
               "torch.compile only compiles the batch-1 bucket; larger batches run eagerly",
               "Larger batches recompile at every step, which eats the gain"),
              0, "Compiling removes per-operator overhead, a fixed cost per step. The matmuls grow with the batch "

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GPU checks for the paged KV cache (chapter 4), the prefix cache (chapter 5), chunked prefill (chapter 6) and
-# speculative decoding (chapter 7), as one script for a machine with an NVIDIA GPU.
+# GPU checks for the paged KV cache (chapter 4), the prefix cache (chapter 5), chunked prefill (chapter 6),
+# speculative decoding (chapter 7) and CUDA Graphs (chapter 8), as one script for a machine with an NVIDIA GPU.
 #
 # What it measures:
 #   1. the Triton kernels (minillm/attention/triton_paged.py) against the torch reference, now
@@ -12,6 +12,9 @@
 #      preemption; the kernel itself in float32/float16/bfloat16: tests/test_triton_paged.py -k prefill);
 #      Speculative decoding on CUDA (the shipped target and draft, float32, Triton paged, preemption) reproduces
 #      the naive loop, and the speculative tests run on CUDA (tests/test_speculative_*.py);
+#      CUDA Graphs (chapter 8): one graph per bucket reproduces the naive loop across bucket edges, preemption and
+#      an abort, with the torch attention and the Triton kernels, and a replay allocates nothing
+#      (tests/test_cuda_engine.py; the bucket / padding / buffer logic in tests/test_static_decode.py);
 #   2. benchmarks/paged_decode.py: decode attention time, Triton vs torch reference, for batches
 #      of 1-128 sequences and contexts of 512 and 4096 tokens (Llama-8B-like heads, bfloat16),
 #      and the engine's output tok/s contiguous vs paged (torch) vs paged (Triton).
@@ -27,7 +30,7 @@ PY
 unset TRITON_INTERPRET
 $PY -m pytest -q tests/test_triton_paged.py tests/test_paged_attention.py tests/test_cuda_engine.py tests/test_paged_engine.py \
     tests/test_prefix_cache.py tests/test_prefix_cache_engine.py tests/test_chunked_prefill.py \
-    tests/test_speculative_acceptance.py tests/test_speculative_engine.py
+    tests/test_speculative_acceptance.py tests/test_speculative_engine.py tests/test_static_decode.py
 $PY benchmarks/paged_decode.py
 # 3. speculative decoding's batch-1 figures on the GPU (bfloat16, the shipped models): output tok/s without and with
 #    speculation, tokens per target pass, and how many outputs equal the run without it (bfloat16 may flip a tie)
@@ -58,3 +61,11 @@ for spec in [SpeculativeConfig("draft", k) for k in (2, 4, 6)] + [SpeculativeCon
           f"({speed / plain_speed:.2f}x), {m['tokens_per_pass']:.2f} tokens per pass, "
           f"{sum(a == b for a, b in zip(outs, plain))}/{len(plain)} outputs equal")
 PY
+# 4. CUDA Graphs (chapter 8): the launch timeline of one batch-1 step, eager against a graph replay (written to
+#    benchmarks/results/launch_timeline_cuda.json, which chapter 8 draws); batch-1 TPOT of a Qwen2.5-0.5B-shaped
+#    random bfloat16 model, eager against graphs; 256 requests with prompt and output lengths uniform in
+#    [100, 1024] on a Qwen3-0.6B-shaped random bfloat16 model with graphs: output tok/s and the share of the
+#    memory roofline its decode steps reach (benchmarks/results/gpu_graphs.json); then the decode step against
+#    batch size, eager vs compiled vs CUDA Graphs, on the shipped target in bfloat16
+$PY benchmarks/gpu_graphs.py
+$PY benchmarks/decode_overhead.py --dtypes bfloat16 --batches 1 8 64 --repeats 2

@@ -1,7 +1,8 @@
 """compile=True for real (chapter 8): torch.compile records the whole decode step without a graph
 break, once per bucket used (a growing context does not recompile), and the engine's greedy tokens
 stay the naive loop's across bucket edges, preemption and an abort. Compiling costs seconds per
-bucket, so these tests are few and share one engine."""
+bucket, so these tests are few and their models tiny. Regressions from the hostile probe: weights
+changed in place are compiled afresh, and every engine of a process compiles its own steps."""
 
 import logging
 
@@ -10,8 +11,9 @@ from torch._dynamo.utils import counters
 
 from minillm.config import EngineConfig
 from minillm.engine import LLMEngine
+from minillm.model import load_model
 from minillm.sampling import SamplingParams
-from tests.hf_reference import ByteTokenizer
+from tests.hf_reference import ByteTokenizer, make_checkpoint
 from tests.test_engine import _reference, paged_budget
 
 
@@ -70,3 +72,43 @@ def test_a_step_that_cannot_compile_runs_eagerly_with_a_message(model, caplog):
         assert engine.output(request_id).token_ids == _reference(model, (5, 6, i), 6)
     assert not any(step.recorded_batch for step in engine.trace.steps)
 
+
+
+def test_weights_changed_in_place_are_compiled_afresh(model, tmp_path):
+    """The compiled step holds the weights frozen, as constants: after load_state_dict it must not
+    keep decoding with the old ones (the prefill, eager, would already use the new)."""
+    make_checkpoint("qwen3", tmp_path, seed=4)
+    other = load_model(tmp_path, device="cpu")
+    mine = load_model(tmp_path, device="cpu")
+    with torch.no_grad():
+        mine.load_state_dict(model.state_dict())
+    config = EngineConfig(max_num_seqs=2, max_model_len=64, kv="paged", block_size=8, compile=True,
+                          kv_cache_bytes=paged_budget(mine, 8, 12), graph_batch_sizes=(1,))
+    engine = LLMEngine(mine, ByteTokenizer(), config)
+
+    def decode() -> list[int]:
+        request_id = engine.add_request([5, 6, 7], greedy(8)).request_id
+        while engine.has_unfinished():
+            engine.step()
+        return engine.output(request_id).token_ids
+
+    assert decode() == _reference(model, (5, 6, 7), 8)
+    with torch.no_grad():
+        mine.load_state_dict(other.state_dict())
+    assert decode() == _reference(other, (5, 6, 7), 8) != _reference(model, (5, 6, 7), 8)
+    assert engine.runner.recorded.compiled_buckets == {1}
+
+
+def test_every_engine_in_a_process_compiles_its_own_steps(model):
+    """torch keeps a function's compiled graphs, and its limit on how many, per code object: engines
+    sharing one would stop compiling after a few (9 graphs here), silently or with an error."""
+    for i in range(10):
+        config = EngineConfig(max_num_seqs=2, max_model_len=64, kv="paged", block_size=8, compile=True,
+                              kv_cache_bytes=paged_budget(model, 8, 12 + i), graph_batch_sizes=(1,))
+        engine = LLMEngine(model, ByteTokenizer(), config)
+        request_id = engine.add_request([5, 6, 7 + i], greedy(4)).request_id
+        while engine.has_unfinished():
+            engine.step()
+        assert engine.runner.recorded.disabled_reason is None, f"engine {i}: {engine.runner.recorded.disabled_reason}"
+        assert engine.runner.recorded.compiled_buckets == {1}
+        assert engine.output(request_id).token_ids == _reference(model, (5, 6, 7 + i), 4)

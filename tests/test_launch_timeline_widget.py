@@ -73,7 +73,10 @@ def test_the_widget_opens_on_the_whole_step_and_refuses_empty_profiles():
     eager = _profile("eager", [("aten::linear", 0, 40), ("aten::mul", 50, 5)], 100)
     widget = LaunchTimeline([eager, _profile("compiled", [("mkl::_mkl_linear", 0, 20)], 40)], frames=6)
     assert len(widget.slider.options) == 6 and widget.play.value == 5
-    assert widget.slider.options[-1] == "0.10 ms / 0.10 ms"  # µs labels when ms would repeat
+    assert widget.slider.options[-1] == "t = 0.10 ms"
+    short = LaunchTimeline([_profile("tiny", [("aten::mul", 0, 2)], 10)], frames=6)
+    assert short.slider.options[1] == "t = 2 µs"  # in ms, the frames' labels would repeat
+    assert len(LaunchTimeline([_profile("tiny", [("aten::mul", 0, 2)], 10)], frames=2000).slider.options) == 11
     assert "2 of 2 operators launched" in widget.stacks[0].children[-1].value
     with pytest.raises(ValueError, match="at least one recorded operator"):
         LaunchTimeline([_profile("empty", [], 10)])

@@ -204,6 +204,26 @@ def test_config_refuses_what_cannot_be_recorded(model):
             LLMEngine(model, ByteTokenizer(), EngineConfig(kv="paged", cuda_graphs=True, max_model_len=64))
 
 
+def test_every_bucket_shares_the_largest_buckets_memory(model):
+    engine = recorded_engine(model, buckets=(1, 2, 4), num_blocks=10)
+    inputs = engine.runner.recorded.inputs
+    for name in ("input_ids", "positions", "slot_mapping", "block_tables", "context_lens"):
+        assert len({getattr(inputs[b], name).data_ptr() for b in (1, 2, 4)}) == 1
+        assert [getattr(inputs[b], name).shape[0] for b in (1, 2, 4)] == [1, 2, 4]
+    with pytest.raises(ValueError, match="1..4 rows"):
+        inputs[4].first_rows(5)
+
+
+def test_a_narrower_batch_fills_the_first_columns_only():
+    inputs = StaticDecodeInputs(batch_size=2, width=4, block_size=4, pad_block=6)
+    inputs.fill(pad_decode_batch([DecodeRow(1, 9, [3, 0, 5]), DecodeRow(2, 0, [4])], 2, 4, 4, 6))
+    inputs.fill(pad_decode_batch([DecodeRow(1, 2, [7])], 2, 2, 4, 6))  # 2 columns: the last two keep old ids
+    assert inputs.block_tables.tolist() == [[7, 6, 5, 6], [6, 6, 6, 6]]
+    assert inputs.context_lens.tolist() == [3, 1]  # which never reach past the first column
+    with pytest.raises(ValueError, match="2 rows x 4 blocks"):
+        inputs.fill(pad_decode_batch([DecodeRow(1, 2, [7])], 2, 5, 4, 6))
+
+
 def test_the_pad_block_is_outside_the_pool(model):
     engine = recorded_engine(model, num_blocks=10)
     assert engine.pool.num_blocks == 10 == engine.cache.pad_block and engine.cache.k[0].shape[0] == 11

@@ -71,6 +71,12 @@ def test_every_option_is_a_lettered_click_that_answers_back():
     assert "<script" not in html  # plain HTML: it works without a kernel or JavaScript
 
 
+def test_code_in_backticks_shows_as_code_and_html_stays_escaped():
+    html = render_quiz([Question("Which call replays `graph`?", ("`graph.replay()`", "<b>x</b>"), 0, "`replay` <i>")])
+    assert "Which call replays <code>graph</code>?" in html and "<code>graph.replay()</code>" in html
+    assert "&lt;b&gt;x&lt;/b&gt;" in html and "<code>replay</code> &lt;i&gt;" in html and "`" not in html
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(options=("a", "b"), answer=3), "answer must index"),
     (dict(options=("a",), answer=0), "2 to 8 options"),

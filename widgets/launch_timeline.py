@@ -106,10 +106,10 @@ class LaunchTimeline(Animation):
         if not profiles or any(not p.host for p in profiles):
             raise ValueError("every profile needs at least one recorded operator")
         span = max(p.wall_us for p in profiles)
-        count = max(2, frames)
+        count = max(2, min(frames, int(span) + 1))  # frames at least 1 µs apart, so that their labels differ
         times = [span * i / (count - 1) for i in range(count)]
-        labels = [f"{t / 1e3:.2f} ms / {span / 1e3:.2f} ms" for t in times]
+        labels = [f"t = {t / 1e3:.2f} ms" for t in times]
         if len(set(labels)) != len(labels):
-            labels = [f"{t:.0f} µs / {span:.0f} µs" for t in times]
+            labels = [f"t = {t:.0f} µs" for t in times]
         super().__init__([[render_frame(profiles, t, span) for t in times]], labels, interval_ms=interval_ms,
                          start=-1)  # opens on the whole step

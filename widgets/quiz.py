@@ -44,14 +44,19 @@ class Question:
             raise ValueError(f"why_not needs one entry per option ({len(self.options)}), got {len(self.why_not)}")
 
 
+def as_html(text: str) -> str:
+    """Escaped text, with `code` in backticks shown as code."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+
+
 def render_option(question: Question, index: int) -> str:
     """One clickable option: its letter and text, and the verdict it reveals."""
-    letter, text = LETTERS[index], html.escape(question.options[index])
+    letter, text = LETTERS[index], as_html(question.options[index])
     if index == question.answer:
-        verdict = f"<b style='color:{RIGHT}'>✓ Right.</b> {html.escape(question.explanation)}"
+        verdict = f"<b style='color:{RIGHT}'>✓ Right.</b> {as_html(question.explanation)}"
     else:
         hint = question.why_not[index] if question.why_not else None
-        verdict = f"<b style='color:{WRONG}'>✗ Not this one.</b> " + html.escape(hint or "Try another option.")
+        verdict = f"<b style='color:{WRONG}'>✗ Not this one.</b> " + as_html(hint or "Try another option.")
     return (f"<details class='quiz-option' data-correct='{str(index == question.answer).lower()}'>"
             f"<summary style='cursor:pointer'><b>{letter}.</b> {text}</summary>"
             f"<p style='margin:0.2em 0 0.6em 1.6em'>{verdict}</p></details>")
@@ -63,7 +68,7 @@ def render_quiz(questions: list[Question]) -> str:
     for n, question in enumerate(questions, 1):
         options = "".join(render_option(question, i) for i in range(len(question.options)))
         parts.append(f"<div class='quiz-question' style='margin-bottom:1em'>"
-                     f"<p><b>Q{n}.</b> {html.escape(question.prompt)}</p>{options}</div>")
+                     f"<p><b>Q{n}.</b> {as_html(question.prompt)}</p>{options}</div>")
     parts.append("</div>")
     return "".join(parts)
 

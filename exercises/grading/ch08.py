@@ -62,8 +62,15 @@ def none_above_the_largest_bucket(impl: Callable) -> None:
 @pad.case
 def slots_come_from_the_block_table(impl: Callable) -> None:
     """A row's slot is table[position // block_size] * block_size + position % block_size"""
-    _pad(impl, [(7, 5, [3, 0]), (8, 9, [4, 6, 2]), (9, 0, [5])], [4], 3, 4, 7,
-         "position 5: table[5 // 4] = block 0, offset 1 -> slot 1", only=("slot_mapping", "context_lens"))
+    _pad(impl, [(7, 5, [3, 0]), (8, 9, [4, 6, 2]), (9, 0, [5])], [3], 3, 4, 7,
+         "position 5: table[5 // 4] = block 0, offset 1 -> slot 1", only=("slot_mapping",))
+
+
+@pad.case
+def a_rows_context_counts_its_own_token(impl: Callable) -> None:
+    """A row's context length is position + 1: the tokens before it and its own"""
+    _pad(impl, [(7, 5, [3, 0]), (8, 9, [4, 6, 2]), (9, 0, [5])], [3], 3, 4, 7,
+         "position 5 attends to positions 0..5: 6 tokens", only=("context_lens",))
 
 
 @pad.case

@@ -15,11 +15,19 @@ How a bucket's step is recorded:
     "eager"        the same static step, not recorded: the baseline the others are measured against
 
 If compiling fails (no C compiler, a graph break), the engine says why once and runs eagerly.
+
+The compiled step holds the weights *frozen*, as constants (Inductor then lays them out for the
+CPU's matmul kernels: most of the gain at batch 1 in bfloat16). If they change in place
+(`load_state_dict`), the step is compiled afresh. Known limitation: torch keeps frozen weights
+until the process ends — each compiled engine built in a process holds on to about twice its
+model's size — so build one compiled engine per process, as a server does.
 """
 
 from __future__ import annotations
 
 import logging
+import types
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -52,13 +60,14 @@ class RecordedDecode:
         self.model, self.cache, self.how = model, cache, how
         self.buckets = sorted(buckets)
         self.width = max_blocks_per_seq
-        device = cache.k[0].device
-        self.inputs = {b: StaticDecodeInputs(b, self.width, cache.block_size, cache.pad_block, device)
-                       for b in self.buckets}
+        largest = StaticDecodeInputs(self.buckets[-1], self.width, cache.block_size, cache.pad_block,
+                                     cache.k[0].device)
+        self.inputs = {b: largest.first_rows(b) for b in self.buckets}  # one memory: bucket b its first b rows
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # bucket -> (graph, its logits)
         self.compiled_buckets: set[int] = set()  # compile: buckets whose step has been compiled
         self.disabled_reason: str | None = None  # compile failed: why every step now runs eagerly
-        self._compiled = torch.compile(decode_step, fullgraph=True, dynamic=False) if how == "compile" else None
+        self._compiled = self._compile() if how == "compile" else None
+        self._weights_seen = self._weights_version()
         self._pool = torch.cuda.graph_pool_handle() if how == "cuda_graphs" else None  # one pool for every graph
 
     def accepts(self, chunks: Sequence[ScheduledChunk]) -> bool:
@@ -72,21 +81,26 @@ class RecordedDecode:
         bucket = bucket_for(len(chunks), self.buckets)
         rows = [DecodeRow(c.token_ids[0], c.start, c.block_table) for c in chunks]
         inputs = self.inputs[bucket]
-        inputs.fill(pad_decode_batch(rows, bucket, self.width, self.cache.block_size, self.cache.pad_block))
+        # only as many columns as the longest block table are written (at least 2: to torch.compile a
+        # width of 1 would be a special case, and a second graph); the columns after them are never read
+        used = max(2, max(len(row.block_table) for row in rows))
+        inputs.fill(pad_decode_batch(rows, bucket, min(used, self.width), self.cache.block_size,
+                                     self.cache.pad_block))
         if self.how == "cuda_graphs":
             if bucket not in self.graphs:
                 self._capture(bucket)
             graph, logits = self.graphs[bucket]
             graph.replay()
             return logits[: len(rows)], bucket
-        # eager / compile: only the blocks the longest context needs (at least 2: a width of 1
-        # would be a special case to torch.compile, and a second compilation)
-        used = max(2, max(row.position // self.cache.block_size + 1 for row in rows))
-        ids, positions, slots, tables, context_lens = inputs.tensors
+        ids, positions, slots, tables, context_lens = inputs.tensors  # eager / compile: the used columns
         tables = tables[:, :used]
         if self._compiled is None:
             return decode_step(self.model, self.cache.k, self.cache.v, ids, positions, slots, tables,
                                context_lens)[: len(rows)], bucket
+        if self._weights_version() != self._weights_seen:  # frozen weights changed in place: compile afresh
+            self._release()
+            self._compiled, self._weights_seen = self._compile(), self._weights_version()
+            self.compiled_buckets.clear()
         torch._dynamo.mark_dynamic(tables, 1)  # the width may change; the batch may not
         # each bucket is one more graph of the same function: past torch's default limit (8) it would
         # quietly run eagerly, so the limit follows the buckets, and hitting it raises
@@ -104,6 +118,21 @@ class RecordedDecode:
             self.compiled_buckets.add(bucket)
             logger.info("compiled the decode step for batch size %d", bucket)
         return logits[: len(rows)], bucket
+
+    def _compile(self):
+        """`decode_step` for torch.compile, as a function with a code object of this engine's own: Dynamo
+        keeps its graphs (and counts its recompile limit) per code object, so engines never share them."""
+        code = decode_step.__code__.replace()  # a copy
+        own = types.FunctionType(code, decode_step.__globals__, decode_step.__name__, decode_step.__defaults__)
+        # Dynamo keeps a code object's graphs for the life of the process: drop them with this engine (they
+        # hold the frozen weights) — or when the weights change and a new copy replaces this one
+        self._release = weakref.finalize(self, torch._dynamo.reset_code, code)
+        return torch.compile(own, fullgraph=True, dynamic=False)
+
+    def _weights_version(self) -> tuple[int, ...]:
+        """Changes when any weight is written in place (`load_state_dict`, an optimizer step): the
+        compiled step holds them frozen, as constants."""
+        return tuple(p._version for p in self.model.parameters())
 
     def capture(self, progress: bool = True) -> None:
         """CUDA Graphs: capture every bucket now, the largest first (the smaller ones then fit in the

@@ -32,14 +32,29 @@ class StaticDecodeInputs:
         self.context_lens = torch.ones(batch_size, dtype=torch.int32, device=device)
 
     def fill(self, batch: PaddedDecodeBatch) -> None:
-        """Copy a padded batch into the buffers, in place (their addresses never change)."""
-        if len(batch.input_ids) != self.batch_size or any(len(t) != self.width for t in batch.block_tables):
+        """Copy a padded batch into the buffers, in place (their addresses never change). Its block
+        tables may be narrower than the buffer: they fill its first columns, and the columns after
+        them keep old block ids that no context length reaches."""
+        used = len(batch.block_tables[0]) if batch.block_tables else 0
+        if len(batch.input_ids) != self.batch_size or any(len(t) != used for t in batch.block_tables) \
+                or used > self.width:
             raise ValueError(f"the buffers hold {self.batch_size} rows x {self.width} blocks, got "
-                             f"{len(batch.input_ids)} rows")
+                             f"{len(batch.input_ids)} rows x {used}")
+        tables = self.block_tables[:, :used]
         for buffer, values in ((self.input_ids, batch.input_ids), (self.positions, batch.positions),
-                               (self.slot_mapping, batch.slot_mapping), (self.block_tables, batch.block_tables),
+                               (self.slot_mapping, batch.slot_mapping), (tables, batch.block_tables),
                                (self.context_lens, batch.context_lens)):
-            buffer.copy_(torch.tensor(values, dtype=buffer.dtype))  # host list -> the same tensor
+            buffer.copy_(torch.tensor(values, dtype=buffer.dtype))  # host list -> the same memory
+
+    def first_rows(self, batch_size: int) -> StaticDecodeInputs:
+        """A smaller bucket's buffers as views of this one's first rows: every bucket shares one memory."""
+        if not 1 <= batch_size <= self.batch_size:
+            raise ValueError(f"a view of 1..{self.batch_size} rows, got {batch_size}")
+        view = object.__new__(StaticDecodeInputs)
+        view.batch_size, view.width = batch_size, self.width
+        for name in ("input_ids", "positions", "slot_mapping", "block_tables", "context_lens"):
+            setattr(view, name, getattr(self, name)[:batch_size])
+        return view
 
     @property
     def tensors(self) -> tuple[torch.Tensor, ...]:

@@ -716,7 +716,7 @@ def padding_writes_into_slot_zero(rows, buckets, width, block_size, pad_block):
     return _pad_lists(rows, bucket, width, block_size, pad_block, pad_slot=0)  # WRONG: slot 0 is some request's
 
 
-@wrong("ch08.pad", "as the engine pads it")
+@wrong("ch08.pad", "context length is position + 1")
 def context_without_the_new_token(rows, buckets, width, block_size, pad_block):
     bucket = next((b for b in buckets if b >= len(rows)), None)
     if bucket is None:
