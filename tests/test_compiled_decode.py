@@ -99,6 +99,18 @@ def test_weights_changed_in_place_are_compiled_afresh(model, tmp_path):
     assert engine.runner.recorded.compiled_buckets == {1}
 
 
+def test_a_model_loaded_under_inference_mode_compiles(tmp_path):
+    make_checkpoint("qwen3", tmp_path, seed=3)
+    with torch.inference_mode():  # its weights are inference tensors, which keep no version counter
+        model = load_model(tmp_path, device="cpu")
+        engine = compiled_engine(model, num_blocks=12)
+        request_id = engine.add_request([5, 6, 7], greedy(5)).request_id
+        while engine.has_unfinished():
+            engine.step()
+    assert engine.runner.recorded.compiled_buckets == {1}
+    assert engine.output(request_id).token_ids == _reference(model, (5, 6, 7), 5)
+
+
 def test_every_engine_in_a_process_compiles_its_own_steps(model):
     """torch keeps a function's compiled graphs, and its limit on how many, per code object: engines
     sharing one would stop compiling after a few (9 graphs here), silently or with an error."""

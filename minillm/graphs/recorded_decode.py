@@ -131,8 +131,9 @@ class RecordedDecode:
 
     def _weights_version(self) -> tuple[int, ...]:
         """Changes when any weight is written in place (`load_state_dict`, an optimizer step): the
-        compiled step holds them frozen, as constants."""
-        return tuple(p._version for p in self.model.parameters())
+        compiled step holds them frozen, as constants. (Weights created under `torch.inference_mode`
+        keep no version counter: for them only a weight replaced by another tensor is noticed.)"""
+        return tuple(p.data_ptr() if p.is_inference() else p._version for p in self.model.parameters())
 
     def capture(self, progress: bool = True) -> None:
         """CUDA Graphs: capture every bucket now, the largest first (the smaller ones then fit in the
