@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml Makefile scripts/jupyterlab_overrides.json
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	PYTHONWARNINGS=ignore $(PY) -m pip install -q -e ".[course,dev]"  # quiet: setuptools warns about editable installs
+	PYTHONWARNINGS=ignore $(PY) -m pip install -q -e ".[course,serve,dev]"  # quiet: setuptools warns about editable installs
 	$(PY) -m ipykernel install --sys-prefix --name minillm --display-name "minillm (.venv)"
 	mkdir -p $(VENV)/share/jupyter/lab/settings
 	cp scripts/jupyterlab_overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json

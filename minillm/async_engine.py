@@ -83,6 +83,21 @@ class AsyncLLM:
         if output.finish_reason == "error":
             raise RuntimeError(f"request {output.request_id!r} failed: {output.error}")
 
+    async def stream_events(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
+                            request_id: str | None = None) -> AsyncIterator[tuple[str, RequestOutput | None]]:
+        """Like `stream`, for a server: (text delta, None) as the engine produces text, then one last
+        ("", the RequestOutput) whatever the ending (stop, length, abort, error). Leaving early aborts
+        the request; a refused request raises its ValueError."""
+        queue: asyncio.Queue = asyncio.Queue()
+        future = self._enqueue(prompt, params, request_id, stream=queue)
+        try:
+            while (delta := await queue.get()) is not None:
+                yield delta, None
+        finally:
+            if not future.done():  # the consumer left before the end
+                future.cancel()
+        yield "", future.result()
+
     def abort(self, request_id: str) -> None:
         """Abort a submitted request; its future resolves with finish_reason "abort". Unknown or
         finished ids are ignored."""

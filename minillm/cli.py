@@ -1,4 +1,5 @@
-"""`python -m minillm generate PROMPT ...`: one generation in the terminal, then its metrics."""
+"""`python -m minillm generate PROMPT ...`: one generation in the terminal, then its metrics.
+`python -m minillm serve [--port 8000] [engine flags]`: the OpenAI-compatible server (chapter 9)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,71 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stream", action="store_true", help="print the text as it is generated")
     gen.add_argument("--no-kv-cache", action="store_true", help="use chapter 1's naive loop without a KV cache")
     gen.add_argument("--device", default=None, type=_device, help="cpu, cuda or cuda:N (default: cuda when available)")
+    _add_serve(commands)
     return parser
+
+
+def _add_serve(commands) -> None:
+    serve = commands.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API (chapter 9)")
+    serve.add_argument("--model", default=None, help="checkpoint folder, shipped model name or hub id; default: target")
+    serve.add_argument("--served-model-name", default=None, help="the name clients ask for (default: --model or "
+                                                                 "'minillm-target')")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/ routes")
+    serve.add_argument("--default-max-tokens", type=int, default=16, help="max_tokens when a request gives none")
+    engine = serve.add_argument_group("engine (chapters 2-8)")
+    engine.add_argument("--batching", choices=("static", "continuous"), default="continuous")
+    engine.add_argument("--max-num-seqs", type=int, default=16, help="requests running at once")
+    engine.add_argument("--max-model-len", type=int, default=None, help="prompt + output tokens per request")
+    engine.add_argument("--max-tokens-per-step", type=int, default=8192, help="token budget of one step")
+    engine.add_argument("--kv", choices=("contiguous", "paged"), default="paged")
+    engine.add_argument("--block-size", type=int, default=16)
+    engine.add_argument("--kv-cache-bytes", type=int, default=None)
+    engine.add_argument("--prefix-cache", action="store_true")
+    engine.add_argument("--chunked-prefill", action="store_true")
+    engine.add_argument("--max-tokens-per-prefill-chunk", type=int, default=128)
+    engine.add_argument("--speculative", choices=("draft", "ngram"), default=None)
+    engine.add_argument("--num-speculative-tokens", type=int, default=4)
+    engine.add_argument("--compile", action="store_true", help="compiled decode steps (CPU or GPU)")
+    engine.add_argument("--cuda-graphs", action="store_true", help="CUDA Graphs for decode steps (GPU)")
+    engine.add_argument("--device", default=None, type=_device)
+    engine.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"))
+
+
+def engine_config(args):
+    """The EngineConfig the serve flags ask for (a ValueError names a bad combination)."""
+    from minillm.config import EngineConfig, SpeculativeConfig
+
+    spec = SpeculativeConfig(args.speculative, args.num_speculative_tokens) if args.speculative else None
+    return EngineConfig(batching=args.batching, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+                        max_tokens_per_step=args.max_tokens_per_step, kv=args.kv, block_size=args.block_size,
+                        kv_cache_bytes=args.kv_cache_bytes, prefix_cache=args.prefix_cache,
+                        chunked_prefill=args.chunked_prefill,
+                        max_tokens_per_prefill_chunk=args.max_tokens_per_prefill_chunk, speculative=spec,
+                        compile=args.compile, cuda_graphs=args.cuda_graphs,
+                        device=None if args.device is None else str(args.device), dtype=args.dtype)
+
+
+def serve(args) -> int:
+    try:
+        import uvicorn
+
+        from minillm.async_engine import AsyncLLM
+        from minillm.server import build_app
+    except ImportError as err:
+        print(f"minillm: error: serving needs the 'serve' extra (pip install -e '.[serve]'): {err}", file=sys.stderr)
+        return USAGE_ERROR
+    try:
+        llm = AsyncLLM(args.model, engine_config(args))
+    except (ValueError, FileNotFoundError, OSError) as err:
+        print(f"minillm: error: {err}", file=sys.stderr)
+        return USAGE_ERROR
+    name = args.served_model_name or args.model or "minillm-target"
+    app = build_app(llm, name, api_key=args.api_key, default_max_tokens=args.default_max_tokens)
+    print(f"serving {name!r} on http://{args.host}:{args.port}/v1 (OpenAI-compatible; Ctrl-C stops)", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
 
 
 def _device(name: str):
@@ -52,6 +117,8 @@ def format_metrics(out) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return serve(args)
     from minillm.generate import generate
     from minillm.model import load
     from minillm.sampling import SamplingParams

@@ -123,3 +123,39 @@ def test_help_lists_the_options(capsys):
     for option in ("--model", "--max-new-tokens", "--temperature", "--top-p", "--top-k", "--seed",
                    "--ignore-eos", "--stream"):
         assert option in proc.stdout
+
+
+def test_serve_answers_openai_requests_on_loopback(tmp_path):
+    """`python -m minillm serve` on a free port: health, a greedy completion equal to `generate`'s text,
+    and the engine flags reaching the engine (a bad combination is one line, exit status 2)."""
+    import socket
+    import time
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "minillm", "serve", "--port", str(port), "--prefix-cache",
+                               "--max-num-seqs", "4", "--max-model-len", "256"], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        answer = httpx.post(url + "/v1/completions", json={"model": "minillm-target", "prompt": "What is 1+1? Answer:",
+                                                          "max_tokens": 4, "temperature": 0}, timeout=30).json()
+        assert answer["choices"][0]["text"].strip().startswith("2"), answer
+        assert answer["usage"]["completion_tokens"] == 4 or answer["choices"][0]["finish_reason"] == "stop"
+    finally:
+        server.terminate()
+        out, _ = server.communicate(timeout=30)
+    assert f"serving 'minillm-target' on http://127.0.0.1:{port}/v1" in out
+    bad = subprocess.run([sys.executable, "-m", "minillm", "serve", "--kv", "contiguous", "--prefix-cache"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "prefix_cache=True needs kv='paged'" in bad.stderr
