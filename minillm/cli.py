@@ -1,5 +1,6 @@
 """`python -m minillm generate PROMPT ...`: one generation in the terminal, then its metrics.
-`python -m minillm serve [--port 8000] [engine flags]`: the OpenAI-compatible server (chapter 9)."""
+`python -m minillm serve [--port 8000] [engine flags]`: the OpenAI-compatible server (chapter 9).
+`python -m minillm bench --url ... --rate 2 4 8`: load-test any OpenAI-compatible server (chapter 9)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,56 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--no-kv-cache", action="store_true", help="use chapter 1's naive loop without a KV cache")
     gen.add_argument("--device", default=None, type=_device, help="cpu, cuda or cuda:N (default: cuda when available)")
     _add_serve(commands)
+    _add_bench(commands)
     return parser
+
+
+def _add_bench(commands) -> None:
+    bench = commands.add_parser("bench", help="load-test an OpenAI-compatible server (chapter 9)")
+    bench.add_argument("--url", default="http://127.0.0.1:8000/v1", help="the API's base URL (default: a local serve)")
+    bench.add_argument("--model", default="minillm-target", help="the model name the server serves")
+    bench.add_argument("--rate", type=float, nargs="+", default=[float("inf")],
+                       help="requests per second, Poisson arrivals; several for a sweep; inf: all at once")
+    bench.add_argument("--num-prompts", type=int, default=100)
+    bench.add_argument("--max-tokens", type=int, default=64)
+    bench.add_argument("--ignore-eos", action="store_true", help="ask for exactly --max-tokens (minillm, vLLM)")
+    bench.add_argument("--prompts-file", default=None, help="a text file to cut prompts from (default: the held-out "
+                                                            "sample shipped with the course)")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--slo-ttft", type=float, default=1.0, help="goodput: TTFT limit in seconds")
+    bench.add_argument("--slo-tpot", type=float, default=0.1, help="goodput: TPOT limit in seconds")
+    bench.add_argument("--api-key", default=None)
+    bench.add_argument("--out", default=None, help="write OUT.json and OUT.png")
+
+
+def bench(args) -> int:
+    import json
+    from pathlib import Path
+
+    from minillm import ASSETS_DIR
+    from minillm.loadgen import Slo, plot, sweep
+
+    text_file = Path(args.prompts_file) if args.prompts_file else ASSETS_DIR / "heldout_sample.txt"
+    try:
+        text = text_file.read_text()
+    except OSError as err:
+        print(f"minillm: error: {err}", file=sys.stderr)
+        return USAGE_ERROR
+    results = sweep(args.url, args.model, args.rate, args.num_prompts, args.max_tokens, args.seed,
+                    Slo(args.slo_ttft, args.slo_tpot), text, args.api_key,
+                    {"ignore_eos": True} if args.ignore_eos else None)
+    for r in results:
+        ms = lambda d: "/".join("-" if v is None else f"{1e3 * v:.0f}" for v in d.values())  # noqa: E731
+        print(f"rate {r['rate']:g}/s: {r['completed']}/{r['requests']} ok, {r['request_throughput']:.2f} req/s, "
+              f"{r['output_token_throughput']:.0f} tok/s, goodput {r['goodput']:.2f} req/s; TTFT p50/p90/p99 "
+              f"{ms(r['ttft_s'])} ms, TPOT {ms(r['tpot_s'])} ms, ITL {ms(r['itl_s'])} ms")
+        for error in r["errors"]:
+            print(f"  error: {error}")
+    if args.out:
+        Path(args.out).with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
+        plot(results, Path(args.out).with_suffix(".png"))
+        print(f"wrote {args.out}.json and .png")
+    return 0 if all(r["completed"] for r in results) else 1
 
 
 def _add_serve(commands) -> None:
@@ -119,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         return serve(args)
+    if args.command == "bench":
+        return bench(args)
     from minillm.generate import generate
     from minillm.model import load
     from minillm.sampling import SamplingParams

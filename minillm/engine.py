@@ -103,6 +103,7 @@ class LLMEngine:
                                        chunk)
         self.runner = ModelRunner(model, self.cache, self._make_recorded_decode())
         self.speculation_counts = {"passes": 0, "drafted": 0, "examined": 0, "accepted": 0, "emitted": 0}
+        self.num_preemptions = 0  # since the engine started (the trace keeps only recent steps)
         self.requests: dict[str, Request] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
         self.trace = Trace(config.max_num_seqs, max_model_len=self.max_model_len, max_steps=config.trace_max_steps)
@@ -308,6 +309,7 @@ class LLMEngine:
         start = time.perf_counter()
         proposals = self._propose()
         output = self.scheduler.schedule()
+        self.num_preemptions += len(output.preempted_ids)
         result = self._execute(output, proposals)
         updates = [StepUpdate(rid, "", True) for rid, err in result.failed.items() if self.fail(rid, err)]
         advanced = self.scheduler.update(output, result.sampled)

@@ -168,3 +168,137 @@ def test_an_api_key_is_required_when_the_server_has_one(model):
         assert httpx.get(server.url + "/health").status_code == 200  # health needs no key
     finally:
         server.stop()
+
+
+def scrape(url: str) -> dict[str, float]:
+    """The /metrics page as {sample name with its labels: value}."""
+    text = httpx.get(url + "/metrics", timeout=30).text
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line and not line.startswith("#")}
+
+
+def test_metrics_count_requests_tokens_and_show_the_kv_blocks(served, client):
+    server, engine = served
+    before = scrape(server.url)
+    client.completions.create(model=MODEL, prompt=[5, 6, 7], max_tokens=6, temperature=0, extra_body={"top_k": 3})
+    list(client.completions.create(model=MODEL, prompt=[5, 6], max_tokens=4, temperature=0, stream=True))
+    wait_idle(engine)
+    after = scrape(server.url)
+    finished = sum(v for k, v in after.items() if k.startswith("minillm_requests_total{"))
+    assert finished - sum(v for k, v in before.items() if k.startswith("minillm_requests_total{")) == 2
+    assert after["minillm_prompt_tokens_total"] - before.get("minillm_prompt_tokens_total", 0) == 5
+    assert after["minillm_kv_blocks_used"] == 0 and after["minillm_kv_blocks_total"] == engine.pool.num_blocks
+    assert after["minillm_requests_running"] == 0 == after["minillm_requests_waiting"]
+    assert after['minillm_time_to_first_token_seconds_bucket{le="+Inf"}'] == after[
+        "minillm_time_to_first_token_seconds_count"] >= 2
+    assert "minillm_preemptions_total" in after
+
+
+def test_the_load_generator_measures_a_run_against_the_server(served):
+    """minillm/loadgen.py against the test server: every request completes, and the figures hold
+    together (TTFT within the run, one chunk per token at most, throughput = tokens / wall time)."""
+    from minillm.loadgen import Slo, arrival_times, prompts_from_text, run_load, summarize
+
+    server, engine = served
+    prompts = prompts_from_text("to be or not to be, that is the question " * 20, 12, seed=1, min_chars=8,
+                                max_chars=30)
+    assert prompts == prompts_from_text("to be or not to be, that is the question " * 20, 12, seed=1, min_chars=8,
+                                        max_chars=30)  # seeded
+    import asyncio
+
+    records, wall = asyncio.run(run_load(server.url + "/v1", MODEL, prompts, rate=50.0, max_tokens=8, seed=2,
+                                         extra={"ignore_eos": True}, progress=False))
+    summary = summarize(records, wall, Slo(ttft_s=30.0, tpot_s=30.0))
+    assert summary["completed"] == 12 and summary["failed"] == 0 and summary["goodput"] > 0
+    assert all(r.output_tokens == 8 and 1 <= len(r.chunk_times) <= 8 for r in records)
+    assert all(0 < r.ttft <= wall for r in records)
+    assert summary["output_token_throughput"] == pytest.approx(12 * 8 / wall)
+    assert summary["ttft_s"]["p50"] <= summary["ttft_s"]["p99"]
+    times = arrival_times(1000, rate=10.0, seed=3)
+    assert times == sorted(times) and 80 < times[-1] < 120  # about 1000 / 10 s
+    assert arrival_times(3, float("inf"), 0) == [0.0, 0.0, 0.0]
+    wait_idle(engine)
+
+
+MALFORMED = [  # (body or raw bytes, what the error must say)
+    ({"model": MODEL, "prompt": "hi", "temperature": -1}, "temperature"),
+    ({"model": MODEL, "prompt": "hi", "n": 3}, "n must be 1"),
+    ({"model": "nope", "prompt": "hi"}, "does not exist"),
+    ({"model": MODEL}, "prompt must be"),
+    ({"model": MODEL, "prompt": "x" * 200}, "the context holds"),
+    ({"model": MODEL, "prompt": "hi", "max_tokens": -5}, "max_tokens"),
+    ({"model": MODEL, "prompt": "hi", "stream": "yes"}, "stream must be"),
+    ({"model": MODEL, "prompt": "hi", "seed": 1.5}, "seed"),
+    ({"model": MODEL, "prompt": [3, "a"]}, "token ids"),
+    (b'{"model": "tiny", "prompt": ', "not valid JSON"),
+]
+
+
+async def _hammer(url: str, prompts: list[list[int]], expected: dict, n: int, seed: int) -> dict:
+    """n requests, concurrently: 10% malformed, 10% leaving mid-stream, the rest valid (streaming or not)."""
+    import asyncio
+    import random
+
+    rng = random.Random(seed)
+    tally = {"valid": 0, "malformed": 0, "left": 0, "5xx": 0, "wrong": []}
+    gate = asyncio.Semaphore(32)
+    async with httpx.AsyncClient(timeout=120) as http:
+
+        async def one(i: int) -> None:
+            kind = rng.random()
+            async with gate:
+                if kind < 0.1:
+                    body, words = MALFORMED[i % len(MALFORMED)]
+                    response = await (http.post(url, content=body) if isinstance(body, bytes) else
+                                      http.post(url, json=body))
+                    tally["5xx"] += response.status_code >= 500
+                    ok = 400 <= response.status_code < 500 and words in response.json()["error"]["message"]
+                    tally["malformed"] += 1
+                    if not ok:
+                        tally["wrong"].append((body, response.status_code, response.text[:200]))
+                    return
+                prompt = prompts[i % len(prompts)]
+                body = {"model": MODEL, "prompt": prompt, "max_tokens": 12, "temperature": 0}
+                if kind < 0.2:  # a client that reads one event and leaves
+                    async with http.stream("POST", url, json=body | {"stream": True}) as response:
+                        async for line in response.aiter_lines():
+                            if line.startswith("data: "):
+                                break
+                    tally["left"] += 1
+                    return
+                if kind < 0.6:
+                    response = await http.post(url, json=body)
+                    tally["5xx"] += response.status_code >= 500
+                    text = response.json()["choices"][0]["text"] if response.status_code == 200 else None
+                else:
+                    text = ""
+                    async with http.stream("POST", url, json=body | {"stream": True}) as response:
+                        tally["5xx"] += response.status_code >= 500
+                        async for line in response.aiter_lines():
+                            if line.startswith("data: ") and line != "data: [DONE]":
+                                text += "".join(c.get("text", "") for c in json.loads(line[6:])["choices"])
+                tally["valid"] += 1
+                if text != expected[tuple(prompt)]:
+                    tally["wrong"].append((prompt, text, expected[tuple(prompt)]))
+
+        await asyncio.gather(*(one(i) for i in range(n)))
+    return tally
+
+
+def test_a_thousand_requests_with_malformed_ones_and_deserters(model, served):
+    """The acceptance load: every valid request gets the offline engine's text, every malformed one its 4xx
+    with the reason, no 5xx, the server stays up, and no KV block is held afterwards (read from /metrics)."""
+    import asyncio
+
+    server, engine = served
+    prompts = [[5 + i, 6, 7 + i % 5] for i in range(12)]
+    expected = {tuple(p): offline(model, p, 12)[0] for p in prompts}
+    tally = asyncio.run(_hammer(server.url + "/v1/completions", prompts, expected, n=1000, seed=7))
+    assert not tally["wrong"], tally["wrong"][:3]
+    assert tally["5xx"] == 0 and tally["valid"] > 700 and tally["malformed"] > 60 and tally["left"] > 60
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+    deadline = time.time() + 20
+    while (metrics := scrape(server.url))["minillm_kv_blocks_used"] or metrics["minillm_requests_running"]:
+        assert time.time() < deadline, metrics
+        time.sleep(0.1)
+    wait_idle(engine)

@@ -2,7 +2,8 @@
 
     protocol.py       request bodies checked and turned into SamplingParams; OpenAI's error shape
     chat_template.py  chat messages -> one prompt
-    app.py            the FastAPI routes over AsyncLLM: completions, chat, streaming, models, health
+    metrics.py        GET /metrics: engine gauges, counters and latency histograms, Prometheus' text format
+    app.py            the FastAPI routes over AsyncLLM: completions, chat, streaming, models, health, metrics
 """
 
 from minillm.server.app import build_app

@@ -2,7 +2,7 @@
 
     POST /v1/completions, /v1/chat/completions ─► protocol.parse (400 if bad) ─► AsyncLLM ─► JSON, or
                                                                                 server-sent events
-    GET  /v1/models, /health
+    GET  /v1/models, /health, /metrics (Prometheus text: minillm/server/metrics.py)
 
 It validates, translates to `SamplingParams`, streams, and aborts a request whose client went away;
 every decision about *serving* stays in the engine. Errors have OpenAI's shape,
@@ -20,11 +20,12 @@ import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from minillm.async_engine import AsyncLLM
 from minillm.engine import RequestOutput
 from minillm.server.chat_template import render_chat
+from minillm.server.metrics import ServerMetrics
 from minillm.server.protocol import GenerationRequest, RequestError, parse
 
 FINISH = {"stop": "stop", "length": "length", "abort": "abort", "error": "error"}
@@ -36,6 +37,7 @@ def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None, defaul
     app = FastAPI(title="minillm", docs_url=None, redoc_url=None)
     created = int(time.time())
     tokenizer = llm.engine.tokenizer
+    history = ServerMetrics()
 
     @app.exception_handler(RequestError)
     async def refused(request: Request, err: RequestError) -> JSONResponse:
@@ -54,6 +56,10 @@ def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None, defaul
     @app.get("/health")
     async def health() -> dict:
         return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(history.render(llm.engine), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -100,6 +106,7 @@ def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None, defaul
             out: RequestOutput = future.result()
         except ValueError as err:
             raise RequestError(400, str(err), "prompt" if not chat else "messages") from None
+        history.record(out)
         if out.finish_reason == "error":
             raise RequestError(500, f"the request failed in the engine: {out.error}", kind="server_error")
         return whole(answer_id, out, chat)
@@ -139,6 +146,7 @@ def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None, defaul
             while True:
                 for delta, out in pending:
                     if out is not None:
+                        history.record(out)
                         yield event(chunk(answer_id, chat, None if chat else "", FINISH[out.finish_reason]))
                         if req.include_usage:
                             yield event({"id": answer_id, "object": "chat.completion.chunk" if chat else

@@ -3,6 +3,7 @@
     POST /v1/completions       {"model", "prompt": str | [token ids], "max_tokens", "temperature", "top_p",
                                 "top_k", "seed", "stop", "n": 1, "stream"}
     POST /v1/chat/completions  {"model", "messages": [{"role", "content"}], ...the same sampling fields}
+                               and, as vLLM accepts it, "ignore_eos" (generate exactly max_tokens)
 
 Everything a body brings is checked here, before the engine sees it: a bad field is a
 `RequestError` (HTTP 400, OpenAI's error shape, naming the field), never a failure inside a step.
@@ -65,6 +66,13 @@ def _integer(body: dict, name: str, default: int | None, low: int, high: int | N
         bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
         raise _bad(f"{name} must be an integer {bound}, got {value!r}", name)
     return int(value)
+
+
+def _flag(body: dict, name: str) -> bool:
+    value = body.get(name, False)
+    if not isinstance(value, bool):
+        raise _bad(f"{name} must be true or false, got {value!r}", name)
+    return value
 
 
 def _stop(body: dict) -> tuple[str, ...]:
@@ -131,7 +139,8 @@ def parse(body: object, chat: bool, default_max_tokens: int) -> GenerationReques
     try:
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=None if top_k in (None, -1, 0) else top_k,
                                 max_new_tokens=_integer(body, max_tokens, default_max_tokens, 1),
-                                seed=_integer(body, "seed", None, 0, 2**63 - 1), stop=_stop(body))
+                                seed=_integer(body, "seed", None, 0, 2**63 - 1), stop=_stop(body),
+                                ignore_eos=_flag(body, "ignore_eos"))
     except ValueError as err:  # the engine's own checks, for anything the lines above let through
         raise _bad(str(err), None) from None
     return GenerationRequest(model, None if chat else _prompt(body), _messages(body) if chat else None, params,
