@@ -1,0 +1,68 @@
+"""minillm/sim/: the simulator runs the engine's own scheduler, so for the same requests it takes the
+engine's steps exactly (the same composition, step by step, with preemption, chunks and prefix
+hits); its clock follows the step-time model; the model fitted on a trace explains that trace."""
+
+import numpy as np
+import pytest
+
+from minillm.config import EngineConfig
+from minillm.engine import LLMEngine
+from minillm.sampling import SamplingParams
+from minillm.sim import SimRequest, StepTimeModel, simulate
+from minillm.sim.step_time import features_of
+from tests.hf_reference import ByteTokenizer
+from tests.test_engine import paged_budget
+
+CONSTANT = StepTimeModel(base=1.0, per_sequence=0.0, per_prompt_token=0.0, per_context_token=0.0)
+
+
+def engine_steps(model, config: EngineConfig, workload: list[SimRequest]) -> tuple[list, LLMEngine]:
+    engine = LLMEngine(model, ByteTokenizer(), config)
+    for i, spec in enumerate(workload):
+        prompt = [7] * spec.shared_prefix_len + [1000 + (i * 7919 + j) % 100_000 for j in
+                                                 range(spec.prompt_len - spec.shared_prefix_len)]
+        engine.add_request([t % 256 for t in prompt],
+                           SamplingParams(temperature=0, max_new_tokens=spec.output_len, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    return [(s.decode_tokens, sum(s.prefill_tokens.values())) for s in engine.trace.steps], engine
+
+
+@pytest.mark.parametrize("overrides", [{}, {"chunked_prefill": True, "max_tokens_per_prefill_chunk": 8},
+                                       {"prefix_cache": True}])
+def test_the_simulator_takes_the_engines_steps(model, overrides):
+    workload = [SimRequest(0.0, 10 + 3 * i, 6 + 5 * (i % 3), shared_prefix_len=8 if i % 2 else 0) for i in range(6)]
+    config = EngineConfig(max_num_seqs=3, max_model_len=64, kv="paged", block_size=4,
+                          kv_cache_bytes=paged_budget(model, 4, 14), **overrides)  # small: preemptions
+    real, engine = engine_steps(model, config, workload)
+    sim = simulate(workload, config, CONSTANT, max_model_len=64, num_blocks=engine.pool.num_blocks)
+    assert [(d, p) for _, _, d, p in sim.steps] == real
+    assert sim.preemptions == engine.num_preemptions > 0  # the pool is small enough to preempt
+    assert len(sim.metrics) == len(workload)
+
+
+def test_the_clock_follows_the_step_time_model():
+    config = EngineConfig(max_num_seqs=2, max_model_len=64)
+    one = simulate([SimRequest(0.5, 10, 4)], config, CONSTANT, max_model_len=64)
+    m = one.metrics[0]
+    assert m.ttft == pytest.approx(1.0) and m.tpot == pytest.approx(1.0) and m.latency == pytest.approx(4.0)
+    model = StepTimeModel(0.01, 0.002, 0.0001, 0.0)
+    two = simulate([SimRequest(0.0, 20, 3), SimRequest(100.0, 20, 3)], config, model, max_model_len=64)
+    assert two.metrics[1].ttft == pytest.approx(0.01 + 0.002 + 20 * 0.0001)  # the server was idle when it came
+    assert two.queue[-1] == (two.wall, 0, 0)
+
+
+def test_a_fitted_model_explains_its_own_trace(model):
+    config = EngineConfig(max_num_seqs=4, max_model_len=64, kv="paged", block_size=8,
+                          kv_cache_bytes=paged_budget(model, 8, 40))
+    _, engine = engine_steps(model, config, [SimRequest(0.0, 5 + 7 * i, 10 + i) for i in range(8)])
+    fitted, residuals = StepTimeModel.fit([engine.trace])
+    durations = np.array([s.duration for s in engine.trace.steps if s.num_tokens])
+    assert len(residuals) == len(durations)
+    predicted = durations - residuals
+    x = np.array([features_of(s) for s in engine.trace.steps if s.num_tokens])
+    np.testing.assert_allclose(predicted, x @ [fitted.base, fitted.per_sequence, fitted.per_prompt_token,
+                                               fitted.per_context_token], rtol=1e-6, atol=1e-9)
+    assert abs(residuals.mean()) < 1e-6  # least squares with an intercept: residuals average to zero
+    with pytest.raises(ValueError, match="at least 4"):
+        StepTimeModel.fit([])
