@@ -42,15 +42,28 @@ class StepTimeModel:
         return max(0.0, float(np.dot(coefficients, step_features(sequences, prompt_tokens, context_tokens))))
 
     @classmethod
-    def fit(cls, traces: list[Trace]) -> tuple[StepTimeModel, np.ndarray]:
+    def fit(cls, traces: list[Trace], busy_gap: float | None = None) -> tuple[StepTimeModel, np.ndarray]:
         """Least squares over every recorded step of the traces; returns the model and the residuals
-        (measured - predicted, seconds, one per step)."""
-        records = [r for t in traces for r in t.steps if r.num_tokens > 0]
+        (measured - predicted, seconds, one per step).
+
+        A step's time is its own duration — or, with `busy_gap`, the time until the next step began
+        when that came within `busy_gap` seconds: then the work done between steps (a server
+        streaming tokens, taking requests) counts too, which is what a simulated clock must advance."""
+        records, times = [], []
+        for trace in traces:
+            steps = list(trace.steps)
+            for record, after in zip(steps, steps[1:] + [None]):
+                if record.num_tokens == 0:
+                    continue
+                gap = after.start_time - record.start_time if after is not None else None
+                records.append(record)
+                times.append(gap if busy_gap is not None and gap is not None and gap - record.duration <= busy_gap
+                             else record.duration)
         if len(records) < len(FEATURES):
             raise ValueError(f"need at least {len(FEATURES)} recorded steps to fit {len(FEATURES)} coefficients, "
                              f"got {len(records)}")
         x = np.array([features_of(r) for r in records])  # (steps, 4)
-        y = np.array([r.duration for r in records])  # (steps,)
+        y = np.array(times)  # (steps,)
         coefficients, *_ = np.linalg.lstsq(x, y, rcond=None)
         model = cls(*(float(c) for c in coefficients))
         return model, y - x @ coefficients
