@@ -1,0 +1,136 @@
+"""Serving simulator: throughput against tail latency, and the queue over time, from sliders
+(chapter 9). Every point is a run of `minillm/sim/simulator.py` — the engine's real scheduler with
+a step time fitted on the engine's own trace — so moving a slider re-plays the scheduler, not a formula.
+
+    p99 TTFT ▲                 ●  <- the chosen rate          queue ▲      ╱╲╱╲___
+             │            ●                                         │  ╱╲╱
+             │ ●  ●  ●                                              │╱
+             └──────────────► output tok/s                          └──────────► time
+
+Left: one point per arrival rate (a sweep up to the chosen one and beyond): as the rate nears the
+server's capacity, throughput stops growing and the tail latency climbs. Right: requests waiting
+and running over the chosen rate's run.
+"""
+
+from __future__ import annotations
+
+import random
+
+import ipywidgets as W
+
+from minillm.config import EngineConfig
+from minillm.metrics import percentile
+from minillm.sim import SimRequest, StepTimeModel, simulate
+
+PLOT_W, PLOT_H, LEFT, TOP = 330, 190, 56, 30
+SWEEP = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5)  # rates of the curve, as multiples of the chosen rate
+
+
+def workload(rate: float, count: int, prompt_len: int, output_len: int, prefix_share: float,
+             seed: int = 0) -> list[SimRequest]:
+    """Seeded Poisson arrivals; prompt and output lengths uniform within ±50% of the means; a share
+    of the requests starts with a common prefix of half the mean prompt (a system prompt)."""
+    rng = random.Random(seed)
+    out, clock = [], 0.0
+    for _ in range(count):
+        prompt = max(1, round(prompt_len * rng.uniform(0.5, 1.5)))
+        shared = prompt_len // 2 if rng.random() < prefix_share else 0
+        out.append(SimRequest(clock, max(prompt, shared + 1), max(1, round(output_len * rng.uniform(0.5, 1.5))),
+                              shared))
+        clock += rng.expovariate(rate)
+    return out
+
+
+def run_point(step_time: StepTimeModel, rate: float, max_num_seqs: int, num_blocks: int, prompt_len: int,
+              output_len: int, chunk: int, prefix_share: float, count: int = 200, block_size: int = 16) -> dict:
+    config = EngineConfig(kv="paged", max_num_seqs=max_num_seqs, block_size=block_size, prefix_cache=prefix_share > 0,
+                          chunked_prefill=chunk > 0, max_tokens_per_prefill_chunk=max(chunk, 1))
+    result = simulate(workload(rate, count, prompt_len, output_len, prefix_share), config, step_time,
+                      max_model_len=4 * (prompt_len + output_len), num_blocks=num_blocks)
+    latencies = [m.latency for m in result.metrics if m.latency is not None]
+    return result.summary() | {"rate": rate, "latency_p99_s": percentile(latencies, 99), "queue": result.queue}
+
+
+def _axes(x0: float, title: str, x_label: str, y_label: str, x_max: float, y_max: float) -> list[str]:
+    parts = [f'<text x="{x0}" y="16" font-weight="bold">{title}</text>',
+             f'<rect x="{x0 + LEFT}" y="{TOP}" width="{PLOT_W}" height="{PLOT_H}" fill="#fafafa" stroke="#ddd"/>',
+             f'<text x="{x0 + LEFT + PLOT_W / 2}" y="{TOP + PLOT_H + 30}" text-anchor="middle">{x_label}</text>',
+             f'<text x="{x0 + 12}" y="{TOP + PLOT_H / 2}" transform="rotate(-90 {x0 + 12} {TOP + PLOT_H / 2})" '
+             f'text-anchor="middle">{y_label}</text>']
+    for i in range(5):
+        fx, fy = i / 4, i / 4
+        parts.append(f'<text x="{x0 + LEFT + fx * PLOT_W:.1f}" y="{TOP + PLOT_H + 14}" text-anchor="middle" '
+                     f'font-size="10">{x_max * fx:.3g}</text>')
+        parts.append(f'<text x="{x0 + LEFT - 4}" y="{TOP + PLOT_H - fy * PLOT_H + 4:.1f}" text-anchor="end" '
+                     f'font-size="10">{y_max * fy:.3g}</text>')
+    return parts
+
+
+def render(points: list[dict], chosen: dict) -> str:
+    """SVG: the throughput / p99-latency curve of `points` with `chosen` marked, and its queue."""
+    width, height = 2 * (LEFT + PLOT_W + 24), TOP + PLOT_H + 60
+    x_max = max(p["output_token_throughput"] for p in points) * 1.1 or 1.0
+    y_max = max(p["ttft_p99_s"] for p in points) * 1.1 or 1.0
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="serving-simulator" width="{width}" height="{height}" '
+             f'viewBox="0 0 {width} {height}" style="max-width:100%;height:auto" data-step="{chosen["rate"]:.3f}" '
+             'font-family="sans-serif" font-size="11">']
+    parts += _axes(0, "p99 time to first token against throughput", "output tokens / s", "p99 TTFT (s)", x_max, y_max)
+    xy = [(LEFT + PLOT_W * p["output_token_throughput"] / x_max, TOP + PLOT_H - PLOT_H * p["ttft_p99_s"] / y_max)
+          for p in points]
+    parts.append(f'<polyline points="{" ".join(f"{x:.1f},{y:.1f}" for x, y in xy)}" fill="none" stroke="#4c78a8"/>')
+    for p, (x, y) in zip(points, xy):
+        radius, colour = (5, "#d62728") if p is chosen else (3, "#4c78a8")
+        parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{radius}" fill="{colour}">'
+                     f'<title>{p["rate"]:.3g} req/s: {p["output_token_throughput"]:.0f} tok/s, p99 TTFT '
+                     f'{p["ttft_p99_s"]:.2f} s</title></circle>')
+    x0 = LEFT + PLOT_W + 24
+    queue = chosen["queue"]
+    t_max = queue[-1][0] if queue else 1.0
+    q_max = max((w + r for _, w, r in queue), default=1) or 1
+    parts += _axes(x0, f"requests over time at {chosen['rate']:.3g} req/s", "time (s)", "requests", t_max, q_max)
+    for index, colour, label in ((1, "#e45756", "waiting"), (2, "#54a24b", "running")):
+        path = " ".join(f"{x0 + LEFT + PLOT_W * q[0] / t_max:.1f},{TOP + PLOT_H - PLOT_H * q[index] / q_max:.1f}"
+                        for q in queue)
+        parts.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="1.2"/>'
+                     f'<text x="{x0 + LEFT + 8}" y="{TOP + 14 * index}" fill="{colour}">{label}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+class ServingSimulator(W.VBox):
+    """Sliders over the workload and the engine; each change re-runs the simulator and redraws."""
+
+    def __init__(self, step_time: StepTimeModel, rate: float = 8.0, max_num_seqs: int = 16, num_blocks: int = 512,
+                 prompt_len: int = 100, output_len: int = 64, chunk: int = 0, prefix_share: float = 0.0):
+        self.step_time = step_time
+        self.sliders = {
+            "rate": W.FloatLogSlider(value=rate, base=2, min=-2, max=7, description="arrivals / s"),
+            "max_num_seqs": W.IntSlider(value=max_num_seqs, min=1, max=128, description="slots"),
+            "num_blocks": W.IntSlider(value=num_blocks, min=16, max=4096, step=16, description="KV blocks"),
+            "prompt_len": W.IntSlider(value=prompt_len, min=8, max=1024, description="prompt tokens"),
+            "output_len": W.IntSlider(value=output_len, min=1, max=512, description="output tokens"),
+            "chunk": W.IntSlider(value=chunk, min=0, max=512, step=16, description="chunk (0: off)"),
+            "prefix_share": W.FloatSlider(value=prefix_share, min=0, max=1, step=0.1, description="shared prefix"),
+        }
+        for slider in self.sliders.values():
+            slider.continuous_update = False
+            slider.style = {"description_width": "110px"}
+            slider.observe(lambda change: self.redraw(), names="value")
+        self.picture, self.readout = W.HTML(), W.HTML()
+        super().__init__([W.HBox([W.VBox(list(self.sliders.values())[:4]), W.VBox(list(self.sliders.values())[4:])]),
+                          self.picture, self.readout])
+        self.redraw()
+
+    def settings(self) -> dict:
+        return {name: slider.value for name, slider in self.sliders.items()}
+
+    def redraw(self) -> None:
+        s = self.settings()
+        points = [run_point(self.step_time, s["rate"] * k, s["max_num_seqs"], s["num_blocks"], s["prompt_len"],
+                            s["output_len"], s["chunk"], s["prefix_share"]) for k in SWEEP]
+        chosen = points[SWEEP.index(1.0)]
+        self.picture.value = render(points, chosen)
+        self.readout.value = (f"<p>At {chosen['rate']:.3g} requests/s: {chosen['output_token_throughput']:.0f} output "
+                              f"tokens/s, TTFT p50 {chosen['ttft_p50_s'] * 1e3:.0f} ms / p99 "
+                              f"{chosen['ttft_p99_s'] * 1e3:.0f} ms, TPOT p50 {chosen['tpot_p50_s'] * 1e3:.1f} ms, "
+                              f"{chosen['preemptions']} preemptions ({chosen['requests']} simulated requests).</p>")
