@@ -41,10 +41,10 @@ def _add_bench(commands) -> None:
     bench = commands.add_parser("bench", help="load-test an OpenAI-compatible server (chapter 9)")
     bench.add_argument("--url", default="http://127.0.0.1:8000/v1", help="the API's base URL (default: a local serve)")
     bench.add_argument("--model", default="minillm-target", help="the model name the server serves")
-    bench.add_argument("--rate", type=float, nargs="+", default=[float("inf")],
+    bench.add_argument("--rate", type=_ranged(float, 0, inclusive=False), nargs="+", default=[float("inf")],
                        help="requests per second, Poisson arrivals; several for a sweep; inf: all at once")
-    bench.add_argument("--num-prompts", type=int, default=100)
-    bench.add_argument("--max-tokens", type=int, default=64)
+    bench.add_argument("--num-prompts", type=_ranged(int, 1), default=100)
+    bench.add_argument("--max-tokens", type=_ranged(int, 1), default=64)
     bench.add_argument("--ignore-eos", action="store_true", help="ask for exactly --max-tokens (minillm, vLLM)")
     bench.add_argument("--prompts-file", default=None, help="a text file to cut prompts from (default: the held-out "
                                                             "sample shipped with the course)")
@@ -91,9 +91,10 @@ def _add_serve(commands) -> None:
     serve.add_argument("--served-model-name", default=None, help="the name clients ask for (default: --model or "
                                                                  "'minillm-target')")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    serve.add_argument("--port", type=_ranged(int, 0, 65535), default=8000, help="port (default 8000)")
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/ routes")
-    serve.add_argument("--default-max-tokens", type=int, default=16, help="max_tokens when a request gives none")
+    serve.add_argument("--default-max-tokens", type=_ranged(int, 1), default=16,
+                       help="max_tokens when a request gives none")
     engine = serve.add_argument_group("engine (chapters 2-8)")
     engine.add_argument("--batching", choices=("static", "continuous"), default="continuous")
     engine.add_argument("--max-num-seqs", type=int, default=16, help="requests running at once")
@@ -146,6 +147,20 @@ def serve(args) -> int:
     print(f"serving {name!r} on http://{args.host}:{args.port}/v1 (OpenAI-compatible; Ctrl-C stops)", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
+
+
+def _ranged(kind, low, high=None, inclusive: bool = True):
+    """An argparse type: `kind`, at least `low` (more than it, unless `inclusive`), at most `high`."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if value != value or value < low or (value == low and not inclusive) or (high is not None and value > high):
+            bound = f"{'>=' if inclusive else '>'} {low}" + (f" and <= {high}" if high is not None else "")
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
+        return value
+    return parse
 
 
 def _device(name: str):

@@ -159,3 +159,17 @@ def test_serve_answers_openai_requests_on_loopback(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "minillm", "serve", "--kv", "contiguous", "--prefix-cache"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "prefix_cache=True needs kv='paged'" in bad.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["serve", "--port", "70000"], "must be >= 0 and <= 65535"),
+    (["serve", "--default-max-tokens", "0"], "must be >= 1"),
+    (["bench", "--rate", "0"], "must be > 0"),
+    (["bench", "--rate", "nan"], "must be > 0"),
+    (["bench", "--num-prompts", "0"], "must be >= 1"),
+])
+def test_bad_serve_and_bench_flags_are_one_line(capsys, args, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in err and err.count("\n") == 1

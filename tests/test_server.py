@@ -25,7 +25,7 @@ MODEL = "tiny"
 
 
 def _config(model) -> EngineConfig:
-    return EngineConfig(max_num_seqs=4, max_model_len=64, kv="paged", block_size=8,
+    return EngineConfig(max_num_seqs=4, max_model_len=128, kv="paged", block_size=8,
                         kv_cache_bytes=paged_budget(model, 8, 40))
 
 
@@ -118,8 +118,10 @@ def test_chat_gives_the_offline_engines_tokens_streaming_or_not(model, served, c
     ({"model": MODEL, "prompt": "hi", "logprobs": 3}, 400, "logprobs", "not supported"),
     ({"model": MODEL, "prompt": ""}, 400, "prompt", "non-empty"),
     ({"model": MODEL, "prompt": [1, -2]}, 400, "prompt", "token ids"),
-    ({"model": MODEL, "prompt": "x" * 100}, 400, "prompt", "the context holds 64"),
-    ({"model": MODEL, "prompt": "x" * 100, "stream": True}, 400, "prompt", "the context holds 64"),
+    ({"model": MODEL, "prompt": "x" * 200}, 400, "prompt", "context of 128 tokens"),
+    ({"model": MODEL, "prompt": [5] * 200, "stream": True}, 400, "prompt", "the context holds 128"),
+    ({"model": MODEL, "prompt": "x" * 100, "max_tokens": 40}, 400, "max_tokens", "exceeds the context of 128"),
+    ({"model": MODEL, "prompt": "x" * 10**5}, 400, "prompt", "100000 characters"),
     ({"model": "gpt-4", "prompt": "hi"}, 404, "model", "does not exist"),
     ({"prompt": "hi"}, 400, "model", "model must be"),
     ([1, 2], 400, None, "JSON object"),
@@ -225,7 +227,7 @@ MALFORMED = [  # (body or raw bytes, what the error must say)
     ({"model": MODEL, "prompt": "hi", "n": 3}, "n must be 1"),
     ({"model": "nope", "prompt": "hi"}, "does not exist"),
     ({"model": MODEL}, "prompt must be"),
-    ({"model": MODEL, "prompt": "x" * 200}, "the context holds"),
+    ({"model": MODEL, "prompt": "x" * 200}, "context"),
     ({"model": MODEL, "prompt": "hi", "max_tokens": -5}, "max_tokens"),
     ({"model": MODEL, "prompt": "hi", "stream": "yes"}, "stream must be"),
     ({"model": MODEL, "prompt": "hi", "seed": 1.5}, "seed"),
@@ -302,3 +304,83 @@ def test_a_thousand_requests_with_malformed_ones_and_deserters(model, served):
         assert time.time() < deadline, metrics
         time.sleep(0.1)
     wait_idle(engine)
+
+
+def test_a_client_that_leaves_a_non_streaming_request_aborts_it(served):
+    """From the hostile probe: the request ran to its end, holding its slot and blocks (a middleware hid
+    the disconnect). Now it is aborted within a poll, and /metrics counts it."""
+    import asyncio
+
+    server, engine = served
+    before = scrape(server.url).get('minillm_requests_total{finish_reason="abort"}', 0)
+
+    async def leave() -> None:
+        async with httpx.AsyncClient() as http:
+            body = {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 120, "ignore_eos": True}
+            with pytest.raises(httpx.TimeoutException):
+                await http.post(server.url + "/v1/completions", json=body, timeout=0.3)
+
+    aborts = []
+    real_abort, real_step = engine.abort, engine.step
+    engine.abort = lambda request_id: aborts.append(request_id) or real_abort(request_id)
+    engine.step = lambda: time.sleep(0.01) or real_step()  # 120 steps: over a second, whatever the machine
+    try:
+        asyncio.run(leave())
+        wait_idle(engine, timeout=1)
+    finally:
+        del engine.abort, engine.step
+    assert aborts, "the request ran to its end instead of being aborted"
+    assert scrape(server.url)['minillm_requests_total{finish_reason="abort"}'] == before + 1
+
+
+def test_a_client_that_leaves_while_queued_is_dropped_from_the_queue(served):
+    import asyncio
+
+    server, engine = served
+    body = {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 100, "ignore_eos": True, "stream": True}
+
+    async def go() -> None:
+        async with httpx.AsyncClient(timeout=60) as http:
+            async def long_stream() -> None:
+                async with http.stream("POST", server.url + "/v1/completions", json=body) as response:
+                    async for _ in response.aiter_lines():
+                        pass
+
+            runners = [asyncio.create_task(long_stream()) for _ in range(4)]  # every slot taken
+            while len(engine.scheduler.running) < 4:
+                await asyncio.sleep(0.01)
+            with pytest.raises(httpx.TimeoutException):  # a 5th stream waits in the queue, then leaves
+                async with http.stream("POST", server.url + "/v1/completions", json=body, timeout=0.3):
+                    pass
+            deadline = time.time() + 2
+            while engine.scheduler.waiting and time.time() < deadline:
+                await asyncio.sleep(0.02)
+            assert not engine.scheduler.waiting and len(engine.scheduler.running) == 4
+            for runner in runners:
+                runner.cancel()
+
+    real_step = engine.step
+    engine.step = lambda: time.sleep(0.01) or real_step()  # the four streams outlast the fifth's patience
+    try:
+        asyncio.run(go())
+    finally:
+        del engine.step
+    wait_idle(engine)
+
+
+def test_hostile_bodies_are_4xx_and_do_not_stall_the_server(served):
+    """From the hostile probe: a number of 5,000 digits and deep nesting were 500s; a huge prompt was
+    tokenized on the event loop, stalling every client for seconds."""
+    url = served[0].url + "/v1/completions"
+    for raw in (b'{"model": "tiny", "prompt": "a", "max_tokens": ' + b"9" * 5000 + b"}",
+                b"[" * 100_000 + b"]" * 100_000, b'{"a":' * 2000 + b"1" + b"}" * 2000):
+        response = httpx.post(url, content=raw, timeout=30)
+        assert response.status_code == 400 and "not valid JSON" in response.json()["error"]["message"]
+    start = time.time()
+    big = httpx.post(url, content=b'{"prompt": "' + b"a" * (5 << 20) + b'"}', timeout=30)
+    assert big.status_code == 413 and "more than this server takes" in big.json()["error"]["message"]
+    long_text = httpx.post(url, json={"model": MODEL, "prompt": "ROMEO " * 600_000}, timeout=30)
+    assert long_text.status_code == 400 and "characters" in long_text.json()["error"]["message"]
+    assert time.time() - start < 5
+    missing = httpx.get(served[0].url + "/v1/nothing-here", timeout=30)
+    assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"

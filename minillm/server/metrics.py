@@ -52,6 +52,10 @@ class ServerMetrics:
     itl: Histogram = field(default_factory=Histogram)
     latency: Histogram = field(default_factory=Histogram)
 
+    def count_abort(self) -> None:
+        """A request whose client left before its output came back."""
+        self.finished["abort"] = self.finished.get("abort", 0) + 1
+
     def record(self, out: RequestOutput) -> None:
         self.finished[out.finish_reason] = self.finished.get(out.finish_reason, 0) + 1
         self.prompt_tokens += len(out.prompt_token_ids)
