@@ -66,3 +66,15 @@ def test_a_fitted_model_explains_its_own_trace(model):
     assert abs(residuals.mean()) < 1e-6  # least squares with an intercept: residuals average to zero
     with pytest.raises(ValueError, match="at least 4"):
         StepTimeModel.fit([])
+
+
+def test_every_lab_scenario_misses_its_slo_until_fixed_and_an_empty_answer_fails():
+    from exercises.grading import run
+    from minillm.sim import lab
+
+    for name in lab.SCENARIOS:
+        assert not lab.meets_slo(name, lab.run(name)), f"{name} meets its SLO unfixed: nothing to diagnose"
+    results = run("ch09.diagnose", lambda: {})
+    assert results and not any(r.passed for r in results)
+    with pytest.raises(ValueError, match="settings you can change"):
+        lab.run("queueing", {"temperature": 0})

@@ -749,3 +749,34 @@ def fill_checking_as_it_goes(buffers, batch):
         if value.shape != buffer.shape:  # WRONG: the buffers before this one are already overwritten
             raise ValueError(name)
         buffer.copy_(value)
+
+
+# ----------------------------------------------------------------------------- ch09.diagnose
+
+
+@wrong("ch09.diagnose", "the cause its symptoms point to")
+def diagnose_blaming_memory_for_everything():
+    from solutions.ch09_diagnose import diagnose
+
+    answers = diagnose()
+    answers["queueing"] = {"cause": "KV cache too small", "fix": {"max_num_seqs": 16}}  # WRONG: nothing preempts
+    return answers
+
+
+@wrong("ch09.diagnose", "the SLO met")
+def diagnose_with_fixes_too_timid():
+    from solutions.ch09_diagnose import diagnose
+
+    answers = diagnose()
+    answers["preemption"]["fix"] = {"num_blocks": 90}  # WRONG: still preempting
+    answers["queueing"]["fix"] = {"max_num_seqs": 3}  # WRONG: still a queue
+    return answers
+
+
+@wrong("ch09.diagnose", "one setting of")
+def diagnose_changing_everything_at_once():
+    from solutions.ch09_diagnose import diagnose
+
+    answers = diagnose()
+    answers["shared_prompt"]["fix"] = {"prefix_cache": True, "max_num_seqs": 64}  # WRONG: two knobs at once
+    return answers
