@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU checks for the paged KV cache (chapter 4), the prefix cache (chapter 5), chunked prefill (chapter 6),
-# speculative decoding (chapter 7) and CUDA Graphs (chapter 8), as one script for a machine with an NVIDIA GPU.
+# speculative decoding (chapter 7), CUDA Graphs (chapter 8) and serving (chapter 9), as one script for a machine
+# with an NVIDIA GPU.
 #
 # What it measures:
 #   1. the Triton kernels (minillm/attention/triton_paged.py) against the torch reference, now
@@ -69,3 +70,12 @@ PY
 #    batch size, eager vs compiled vs CUDA Graphs, on the shipped target in bfloat16
 $PY benchmarks/gpu_graphs.py
 $PY benchmarks/decode_overhead.py --dtypes bfloat16 --batches 1 8 64 --repeats 2
+# 5. Serving (chapter 9): the same load as benchmarks/serve_load.py against `python -m minillm serve` on CUDA
+#    (the shipped target, bfloat16, CUDA Graphs), at three rates; results in benchmarks/results/serve_load_cuda.json
+$PY -m minillm serve --port 8765 --dtype bfloat16 --cuda-graphs --max-num-seqs 64 --max-model-len 1024 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null || true' EXIT
+for _ in $(seq 120); do curl -sf http://127.0.0.1:8765/health >/dev/null && break; sleep 1; done
+$PY -m minillm bench --url http://127.0.0.1:8765/v1 --rate 16 64 256 --num-prompts 500 --max-tokens 64 --ignore-eos \
+    --out benchmarks/results/serve_load_cuda
+kill $SERVER
