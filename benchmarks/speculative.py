@@ -105,6 +105,7 @@ def measure_task(task: str, method: str, model, tokenizer, hf, hf_draft, args) -
         print(f"{task:12s} {name:26s} {row['output_tok_per_s']:6.0f} tok/s"
               + (f"  accepted {extra['acceptance_rate']:.0%}, {extra['tokens_per_pass']:.2f} tokens/pass"
                  if extra else ""))
+
     def paired(name: str, base: str) -> float:
         """The median over the repeats of the speedup within one repeat (the two ran one after the other)."""
         return float(median(a[0] / b[0] for a, b in zip(runs[name], runs[base])))

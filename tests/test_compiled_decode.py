@@ -73,7 +73,6 @@ def test_a_step_that_cannot_compile_runs_eagerly_with_a_message(model, caplog):
     assert not any(step.recorded_batch for step in engine.trace.steps)
 
 
-
 def test_weights_changed_in_place_are_compiled_afresh(model, tmp_path):
     """The compiled step holds the weights frozen, as constants: after load_state_dict it must not
     keep decoding with the old ones (the prefill, eager, would already use the new)."""

@@ -1,8 +1,10 @@
 """widgets/serving_simulator.py: the sliders re-run the real scheduler in the simulator, and the
 picture shows what it returned: throughput saturates and the tail grows as the rate passes capacity."""
 
+import pytest
+
 from minillm.sim import StepTimeModel
-from widgets.serving_simulator import SWEEP, ServingSimulator, render, run_point, workload
+from widgets.serving_simulator import SPREADS, SWEEP, ServingSimulator, render, run_point, workload
 
 STEP = StepTimeModel(base=0.004, per_sequence=0.0003, per_prompt_token=0.00002, per_context_token=0.0)
 
@@ -12,6 +14,21 @@ def test_the_workload_is_seeded_and_poisson():
     assert a == b and a[0].arrival == 0.0 and 30 < a[-1].arrival < 50  # ~400 / 10 s
     assert all(50 <= r.prompt_len <= 150 and 25 <= r.output_len <= 75 for r in a)
     assert 0.35 < sum(r.shared_prefix_len > 0 for r in a) / len(a) < 0.65
+
+
+def test_the_length_spreads():
+    fixed, uniform, tail = (workload(10.0, 2000, 100, 50, 0.0, spread=s) for s in ("fixed", SPREADS[0], "long-tailed"))
+    assert {r.prompt_len for r in fixed} == {100} and {r.output_len for r in fixed} == {50}
+    assert min(r.prompt_len for r in uniform) >= 50 and max(r.prompt_len for r in uniform) <= 150
+    tail_prompts = sorted(r.prompt_len for r in tail)
+    assert tail_prompts[len(tail) // 2] < 80 and tail_prompts[-1] == 400  # mostly short, a few capped at 4x
+    with pytest.raises(ValueError, match="spread"):
+        workload(10.0, 10, 100, 50, 0.0, spread="gaussian")
+
+
+def test_speculation_shortens_the_time_per_token():
+    plain, guessing = (run_point(STEP, 2.0, 8, 1024, 100, 64, 0, 0.0, guesses=g, acceptance=0.8) for g in (0, 4))
+    assert guessing["tpot_p50_s"] < plain["tpot_p50_s"] and guessing["requests"] == plain["requests"]
 
 
 def test_throughput_saturates_and_the_tail_grows_past_capacity():
@@ -28,6 +45,10 @@ def test_the_widget_redraws_from_its_sliders():
     assert "At 4 requests/s" in widget.readout.value
     widget.sliders["max_num_seqs"].value = 2
     assert widget.picture.value != first and 'data-step="4.000"' in widget.picture.value
+    for name, value in (("guesses", 4), ("acceptance", 0.2), ("spread", "long-tailed")):
+        before = widget.picture.value
+        widget.sliders[name].value = value
+        assert widget.picture.value != before
     points = [run_point(STEP, r, 4, 512, 50, 20, 16, 0.2, count=40) for r in (1.0, 2.0)]
     svg = render(points, points[1])
     assert svg.count('fill="#d62728"') == 1 and "waiting" in svg and "running" in svg

@@ -5,12 +5,12 @@ hits); its clock follows the step-time model; the model fitted on a trace explai
 import numpy as np
 import pytest
 
-from minillm.config import EngineConfig
+from minillm.config import EngineConfig, SpeculativeConfig
 from minillm.engine import LLMEngine
 from minillm.sampling import SamplingParams
-from minillm.sim import SimRequest, StepTimeModel, simulate
+from minillm.sim import SimRequest, SimSpeculation, StepTimeModel, simulate
 from minillm.sim.step_time import features_of
-from tests.hf_reference import ByteTokenizer
+from tests.hf_reference import ByteTokenizer, make_checkpoint
 from tests.test_engine import paged_budget
 
 CONSTANT = StepTimeModel(base=1.0, per_sequence=0.0, per_prompt_token=0.0, per_context_token=0.0)
@@ -39,6 +39,48 @@ def test_the_simulator_takes_the_engines_steps(model, overrides):
     assert [(d, p) for _, _, d, p in sim.steps] == real
     assert sim.preemptions == engine.num_preemptions > 0  # the pool is small enough to preempt
     assert len(sim.metrics) == len(workload)
+
+
+def test_speculation_always_right_takes_the_engines_steps(model, tmp_path):
+    """With the target as its own draft every greedy guess is kept: acceptance 1 in the simulator
+    must then fit the same guesses into the same steps as the engine (budget, blocks, output ends)."""
+    make_checkpoint("qwen3", tmp_path, seed=3)
+    workload = [SimRequest(0.0, 10 + 3 * i, 5 + 4 * (i % 3)) for i in range(5)]
+    config = EngineConfig(max_num_seqs=3, max_model_len=64, kv="paged", block_size=4, max_tokens_per_step=40,
+                          kv_cache_bytes=paged_budget(model, 4, 40),
+                          speculative=SpeculativeConfig("draft", 3, str(tmp_path)))
+    _, engine = engine_steps(model, config, workload)
+    real = [(sum(1 for x in s.slots if x is not None and x.phase == "decode"),
+             sum(x.num_tokens for x in s.slots if x is not None and (x.phase == "prefill" or x.num_tokens > 1)))
+            for s in engine.trace.steps]
+    assert engine.speculative_metrics["acceptance_rate"] == 1.0
+    sim = simulate(workload, config, CONSTANT, max_model_len=64, num_blocks=engine.pool.num_blocks,
+                   speculation=SimSpeculation(k=3, acceptance=1.0, draft_cost=0.0))
+    assert [(d, p) for _, _, d, p in sim.steps] == real
+    assert [m.num_tokens for m in sim.metrics] == [w.output_len for w in workload]
+
+
+def test_speculation_yields_the_expected_tokens_per_pass():
+    """Each guess kept with probability a until the first refusal: (1 - a^(k+1)) / (1 - a) tokens a pass."""
+    workload = [SimRequest(0.0, 8, 400) for _ in range(8)]
+    config = EngineConfig(max_num_seqs=8, max_model_len=512)
+    plain = simulate(workload, config, CONSTANT, max_model_len=512)
+    for acceptance in (0.0, 0.5, 0.8, 1.0):
+        k = 4
+        run = simulate(workload, config, CONSTANT, max_model_len=512,
+                       speculation=SimSpeculation(k=k, acceptance=acceptance, draft_cost=0.0, seed=1))
+        passes = sum(d for _, _, d, _ in run.steps)
+        expected = k + 1 if acceptance == 1.0 else (1 - acceptance ** (k + 1)) / (1 - acceptance)
+        assert sum(m.num_tokens for m in run.metrics) == 8 * 400  # never a token past the output length
+        assert sum(m.num_tokens for m in run.metrics) / passes == pytest.approx(expected, rel=0.05)
+        assert (run.wall < plain.wall) == (acceptance > 0)
+    slow = simulate(workload, config, CONSTANT, max_model_len=512, speculation=SimSpeculation(k=4, acceptance=0.5))
+    fast = simulate(workload, config, CONSTANT, max_model_len=512,
+                    speculation=SimSpeculation(k=4, acceptance=0.5, draft_cost=0.0))
+    assert len(slow.steps) == len(fast.steps) and slow.wall == pytest.approx(fast.wall * 1.8, rel=0.05)  # 1 + 4 x 0.2
+    for bad in ({"k": 0}, {"acceptance": 1.5}, {"acceptance": float("nan")}, {"draft_cost": -1.0}):
+        with pytest.raises(ValueError):
+            SimSpeculation(**bad)
 
 
 def test_the_clock_follows_the_step_time_model():

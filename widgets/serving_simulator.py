@@ -20,33 +20,52 @@ import ipywidgets as W
 
 from minillm.config import EngineConfig
 from minillm.metrics import percentile
-from minillm.sim import SimRequest, StepTimeModel, simulate
+from minillm.sim import SimRequest, SimSpeculation, StepTimeModel, simulate
 
 PLOT_W, PLOT_H, LEFT, TOP = 330, 190, 56, 30
 SWEEP = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5)  # rates of the curve, as multiples of the chosen rate
 
 
-def workload(rate: float, count: int, prompt_len: int, output_len: int, prefix_share: float,
-             seed: int = 0) -> list[SimRequest]:
-    """Seeded Poisson arrivals; prompt and output lengths uniform within ±50% of the means; a share
-    of the requests starts with a common prefix of half the mean prompt (a system prompt)."""
+SPREADS = ("uniform ±50%", "fixed", "long-tailed")
+
+
+def _length(rng: random.Random, mean: int, spread: str) -> int:
+    """One length of mean `mean`: exactly it, uniform within ±50%, or exponential (most short, a few
+    long: a chat service's shape), capped at 4× the mean."""
+    if spread == "fixed":
+        return mean
+    if spread == "long-tailed":
+        return max(1, min(4 * mean, round(rng.expovariate(1 / mean))))
+    return max(1, round(mean * rng.uniform(0.5, 1.5)))
+
+
+def workload(rate: float, count: int, prompt_len: int, output_len: int, prefix_share: float, seed: int = 0,
+             spread: str = SPREADS[0]) -> list[SimRequest]:
+    """Seeded Poisson arrivals; prompt and output lengths of the given means, spread as `spread`
+    says (one of SPREADS); a share of the requests starts with a common prefix of half the mean
+    prompt (a system prompt)."""
+    if spread not in SPREADS:
+        raise ValueError(f"spread must be one of {SPREADS}, got {spread!r}")
     rng = random.Random(seed)
     out, clock = [], 0.0
     for _ in range(count):
-        prompt = max(1, round(prompt_len * rng.uniform(0.5, 1.5)))
+        prompt = _length(rng, prompt_len, spread)
         shared = prompt_len // 2 if rng.random() < prefix_share else 0
-        out.append(SimRequest(clock, max(prompt, shared + 1), max(1, round(output_len * rng.uniform(0.5, 1.5))),
-                              shared))
+        out.append(SimRequest(clock, max(prompt, shared + 1), _length(rng, output_len, spread), shared))
         clock += rng.expovariate(rate)
     return out
 
 
 def run_point(step_time: StepTimeModel, rate: float, max_num_seqs: int, num_blocks: int, prompt_len: int,
-              output_len: int, chunk: int, prefix_share: float, count: int = 200, block_size: int = 16) -> dict:
+              output_len: int, chunk: int, prefix_share: float, count: int = 200, block_size: int = 16,
+              guesses: int = 0, acceptance: float = 0.7, spread: str = SPREADS[0]) -> dict:
+    """One simulated run; `guesses` > 0 turns speculative decoding on (k guesses, each kept with
+    probability `acceptance`, a draft pass costing 0.2 of a decode step)."""
     config = EngineConfig(kv="paged", max_num_seqs=max_num_seqs, block_size=block_size, prefix_cache=prefix_share > 0,
                           chunked_prefill=chunk > 0, max_tokens_per_prefill_chunk=max(chunk, 1))
-    result = simulate(workload(rate, count, prompt_len, output_len, prefix_share), config, step_time,
-                      max_model_len=4 * (prompt_len + output_len), num_blocks=num_blocks)
+    speculation = SimSpeculation(k=guesses, acceptance=acceptance) if guesses > 0 else None
+    result = simulate(workload(rate, count, prompt_len, output_len, prefix_share, spread=spread), config, step_time,
+                      max_model_len=4 * (prompt_len + output_len), num_blocks=num_blocks, speculation=speculation)
     latencies = [m.latency for m in result.metrics if m.latency is not None]
     return result.summary() | {"rate": rate, "latency_p99_s": percentile(latencies, 99), "queue": result.queue}
 
@@ -101,7 +120,8 @@ class ServingSimulator(W.VBox):
     """Sliders over the workload and the engine; each change re-runs the simulator and redraws."""
 
     def __init__(self, step_time: StepTimeModel, rate: float = 8.0, max_num_seqs: int = 16, num_blocks: int = 512,
-                 prompt_len: int = 100, output_len: int = 64, chunk: int = 0, prefix_share: float = 0.0):
+                 prompt_len: int = 100, output_len: int = 64, chunk: int = 0, prefix_share: float = 0.0,
+                 guesses: int = 0, acceptance: float = 0.7, spread: str = SPREADS[0]):
         self.step_time = step_time
         self.sliders = {
             "rate": W.FloatLogSlider(value=rate, base=2, min=-2, max=7, description="arrivals / s"),
@@ -111,13 +131,17 @@ class ServingSimulator(W.VBox):
             "output_len": W.IntSlider(value=output_len, min=1, max=512, description="output tokens"),
             "chunk": W.IntSlider(value=chunk, min=0, max=512, step=16, description="chunk (0: off)"),
             "prefix_share": W.FloatSlider(value=prefix_share, min=0, max=1, step=0.1, description="shared prefix"),
+            "guesses": W.IntSlider(value=guesses, min=0, max=8, description="guesses k (0: off)"),
+            "acceptance": W.FloatSlider(value=acceptance, min=0, max=1, step=0.05, description="guess acceptance"),
+            "spread": W.Dropdown(value=spread, options=SPREADS, description="lengths"),
         }
         for slider in self.sliders.values():
             slider.continuous_update = False
             slider.style = {"description_width": "110px"}
             slider.observe(lambda change: self.redraw(), names="value")
         self.picture, self.readout = W.HTML(), W.HTML()
-        super().__init__([W.HBox([W.VBox(list(self.sliders.values())[:4]), W.VBox(list(self.sliders.values())[4:])]),
+        controls = list(self.sliders.values())
+        super().__init__([W.HBox([W.VBox(controls[:5]), W.VBox(controls[5:])]),
                           self.picture, self.readout])
         self.redraw()
 
@@ -127,7 +151,8 @@ class ServingSimulator(W.VBox):
     def redraw(self) -> None:
         s = self.settings()
         points = [run_point(self.step_time, s["rate"] * k, s["max_num_seqs"], s["num_blocks"], s["prompt_len"],
-                            s["output_len"], s["chunk"], s["prefix_share"]) for k in SWEEP]
+                            s["output_len"], s["chunk"], s["prefix_share"], guesses=s["guesses"],
+                            acceptance=s["acceptance"], spread=s["spread"]) for k in SWEEP]
         chosen = points[SWEEP.index(1.0)]
         self.picture.value = render(points, chosen)
         self.readout.value = (f"<p>At {chosen['rate']:.3g} requests/s: {chosen['output_token_throughput']:.0f} output "

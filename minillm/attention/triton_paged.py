@@ -149,7 +149,6 @@ if TRITON_AVAILABLE:
         out_ptrs = out_ptr + seq * stride_out_seq + head * stride_out_head + dims * stride_out_dim
         tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=dim_mask)
 
-
     @triton.jit
     def _paged_prefill_attention_kernel(
         out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, query_starts_ptr, query_lens_ptr,

@@ -6,7 +6,7 @@ and a discrete-event simulator that runs the real scheduler with it.
     lab.py         the diagnosis lab: four servers that miss their SLO, each for one reason
 """
 
-from minillm.sim.simulator import SimRequest, SimResult, simulate
+from minillm.sim.simulator import SimRequest, SimResult, SimSpeculation, simulate
 from minillm.sim.step_time import StepTimeModel
 
-__all__ = ["SimRequest", "SimResult", "StepTimeModel", "simulate"]
+__all__ = ["SimRequest", "SimResult", "SimSpeculation", "StepTimeModel", "simulate"]

@@ -5,12 +5,17 @@ pool, with a modelled step time instead of the model.
              clock += that time ──► every sampling chunk gets a token ──► scheduler.update() ──►
              requests at their output length finish ──► (again)
 
+With `speculation`, every decoding request first proposes k guesses (placeholders: nothing is
+computed); the scheduler fits them into the step as the engine's does, and each guess is kept with
+probability `acceptance` until the first refusal — so a pass yields 1 to k+1 tokens.
+
 Nothing is computed, so an hour of serving simulates in a second, and every scheduling decision —
 admission, chunking, preemption, prefix hits — is exactly the engine's.
 """
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 
 from minillm.config import EngineConfig
@@ -28,6 +33,33 @@ class SimRequest:
     prompt_len: int
     output_len: int
     shared_prefix_len: int = 0  # leading prompt tokens it shares with every other request that has them
+
+
+@dataclass(frozen=True)
+class SimSpeculation:
+    """Speculative decoding, modelled: `k` guesses per decode, each kept with probability `acceptance`
+    (independently, until the first refusal: chapter 7's model); proposing them costs `draft_cost`
+    of a plain decode step per guess (a draft model ~0.2 on this course's CPU, n-gram lookup ~0)."""
+
+    k: int = 4
+    acceptance: float = 0.7
+    draft_cost: float = 0.2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.k, int) and self.k >= 1):
+            raise ValueError(f"k must be an integer >= 1, got {self.k!r}")
+        if not 0.0 <= self.acceptance <= 1.0:
+            raise ValueError(f"acceptance must lie in [0, 1], got {self.acceptance!r}")
+        if not self.draft_cost >= 0.0:
+            raise ValueError(f"draft_cost must be >= 0, got {self.draft_cost!r}")
+
+    def kept(self, rng: random.Random, guesses: int) -> int:
+        """How many of `guesses` the target keeps: the run of acceptances before the first refusal."""
+        count = 0
+        while count < guesses and rng.random() < self.acceptance:
+            count += 1
+        return count
 
 
 @dataclass
@@ -53,7 +85,7 @@ class SimResult:
 
 
 def simulate(workload: list[SimRequest], config: EngineConfig, step_time: StepTimeModel, max_model_len: int,
-             num_blocks: int | None = None) -> SimResult:
+             num_blocks: int | None = None, speculation: SimSpeculation | None = None) -> SimResult:
     """Serve `workload` (arrivals in any order) with `config`'s scheduler; times from `step_time`.
     A paged config needs `num_blocks` (the engine sizes it from a byte budget)."""
     if config.batching != "continuous":
@@ -68,33 +100,41 @@ def simulate(workload: list[SimRequest], config: EngineConfig, step_time: StepTi
     order = sorted(range(len(workload)), key=lambda i: workload[i].arrival)
     requests: dict[str, tuple[Request, int]] = {}
     result, clock, next_arrival = SimResult([]), 0.0, 0
+    rng = random.Random(speculation.seed if speculation is not None else 0)
     while next_arrival < len(order) or scheduler.has_unfinished():
         while next_arrival < len(order) and workload[order[next_arrival]].arrival <= clock:
-            spec = workload[order[next_arrival]]
-            request = Request(str(order[next_arrival]), _prompt(order[next_arrival], spec),
-                              SamplingParams(temperature=0, max_new_tokens=spec.output_len, ignore_eos=True),
-                              spec.arrival)
-            requests[request.request_id] = (request, spec.output_len)
+            arriving = workload[order[next_arrival]]
+            request = Request(str(order[next_arrival]), _prompt(order[next_arrival], arriving),
+                              SamplingParams(temperature=0, max_new_tokens=arriving.output_len, ignore_eos=True),
+                              arriving.arrival)
+            requests[request.request_id] = (request, arriving.output_len)
             scheduler.add(request)
             next_arrival += 1
         if not scheduler.has_unfinished():
             clock = workload[order[next_arrival]].arrival  # idle until the next arrival
             continue
+        drafting = _propose(scheduler, requests, speculation, config, max_model_len)
         output = scheduler.schedule()
         result.preemptions += len(output.preempted_ids)
         if output.is_empty:  # nothing can run (the queue's head can never fit): the engine would refuse it
             head = scheduler.waiting[0]
             scheduler.finish(head, "error")
             continue
+        # every token of a chunk beyond a plain decode's one: prompt, chunk, recomputation, or a decode with guesses
         prompt_tokens = sum(c.num_tokens for c in output.chunks if c.num_tokens > 1 or c.is_prefill)
-        decodes = len(output.chunks) - sum(1 for c in output.chunks if c.num_tokens > 1 or c.is_prefill)
+        decodes = sum(1 for c in output.chunks if not c.is_prefill)  # with their guesses, if any
         context = sum(c.start + c.num_tokens for c in output.chunks)
         duration = step_time.predict(len(output.chunks), prompt_tokens, context)
+        if drafting:  # the proposer's k passes over the requests that guess, before the target's pass
+            duration += speculation.k * speculation.draft_cost * step_time.predict(*drafting)
         result.steps.append((clock, duration, decodes, prompt_tokens))
         clock += duration
-        advanced = scheduler.update(output, {c.request_id: [1] for c in output.chunks if c.samples})
-        for request, _ in advanced:
-            request.metrics.record_token(clock)
+        sampled = {c.request_id: [1] * (1 + (speculation.kept(rng, c.num_drafts) if c.num_drafts else 0))
+                   for c in output.chunks if c.samples}
+        advanced = scheduler.update(output, sampled)
+        for request, count in advanced:
+            for _ in range(count):
+                request.metrics.record_token(clock)
             if request.num_output_tokens >= requests[request.request_id][1]:
                 request.metrics.finish_time = clock
                 scheduler.finish(request, "length")
@@ -102,6 +142,26 @@ def simulate(workload: list[SimRequest], config: EngineConfig, step_time: StepTi
     result.metrics = [requests[str(i)][0].metrics for i in range(len(workload)) if str(i) in requests
                       and requests[str(i)][0].finish_reason == "length"]
     return result
+
+
+def _propose(scheduler: ContinuousScheduler, requests: dict, speculation: SimSpeculation | None,
+             config: EngineConfig, max_model_len: int) -> tuple[int, int, int] | None:
+    """Placeholder guesses for every decoding request, as many as the engine would make (never past
+    its output length or the context); returns the draft passes' (sequences, 0, context) or None."""
+    if speculation is None:
+        return None
+    k = min(speculation.k, config.max_tokens_per_step - 1)
+    sequences = context = 0
+    for request in scheduler.running:
+        request.draft_token_ids = []
+        if request.num_uncomputed_tokens != 1:
+            continue
+        room = min(k, requests[request.request_id][1] - request.num_output_tokens - 1,
+                   max_model_len - request.num_tokens)
+        if room > 0:
+            request.draft_token_ids = [0] * room
+            sequences, context = sequences + 1, context + request.num_tokens
+    return (sequences, 0, context) if sequences else None
 
 
 def _prompt(index: int, spec: SimRequest) -> list[int]:
