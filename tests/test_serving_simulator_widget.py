@@ -4,7 +4,17 @@ picture shows what it returned: throughput saturates and the tail grows as the r
 import pytest
 
 from minillm.sim import StepTimeModel
-from widgets.serving_simulator import SPREADS, SWEEP, ServingSimulator, render, run_point, workload
+from widgets.serving_simulator import (
+    SPREADS,
+    SWEEP,
+    ServingSimulator,
+    average_queue,
+    nice_ticks,
+    readout,
+    render,
+    run_point,
+    workload,
+)
 
 STEP = StepTimeModel(base=0.004, per_sequence=0.0003, per_prompt_token=0.00002, per_context_token=0.0)
 
@@ -52,3 +62,31 @@ def test_the_widget_redraws_from_its_sliders():
     points = [run_point(STEP, r, 4, 512, 50, 20, 16, 0.2, count=40) for r in (1.0, 2.0)]
     svg = render(points, points[1])
     assert svg.count('fill="#d62728"') == 1 and "waiting" in svg and "running" in svg
+
+
+def test_ticks_are_round_and_cover_the_data():
+    assert nice_ticks(1090.0) == [0, 500, 1000, 1500] and nice_ticks(4.21) == [0, 2, 4, 6]
+    assert nice_ticks(0.5) == [0.0, 0.2, 0.4, 0.6] and nice_ticks(17.0) == [0, 5, 10, 15, 20]
+    for top in (0.003, 0.5, 4.21, 17.0, 1090.0, 3e6):
+        ticks = nice_ticks(top)
+        assert ticks[0] == 0 and ticks[-1] >= top and 3 <= len(ticks) <= 6
+    assert nice_ticks(0.0) == [0.0, 1.0] and nice_ticks(float("nan")) == [0.0, 1.0]
+
+
+def test_the_queue_is_averaged_over_time():
+    queue = [(0.0, 0, 0), (1.0, 4, 2), (3.0, 0, 2), (4.0, 0, 0)]  # each state holds until the next step
+    assert average_queue(queue, 2) == [(1.0, 2.0, 1.0), (3.0, 2.0, 2.0)]
+    assert average_queue([], 10) == []
+
+
+def test_requests_that_can_never_fit_are_said_and_nothing_is_nan():
+    impossible = run_point(STEP, 4.0, 16, 16, 1024, 64, 0, 0.0, count=20)  # 16 blocks = 256 tokens
+    assert impossible["refused"] == 20 and impossible["requests"] == 0
+    text = readout(impossible, 16)
+    assert "20 of 20 requests can never fit in 16 KV blocks (256 tokens)" in text and "nan" not in text
+    svg = render([impossible], impossible)
+    assert "nan" not in svg and "no request completed" in svg
+    some = run_point(STEP, 4.0, 16, 64, 1024, 64, 0, 0.0, count=50)
+    assert 0 < some["refused"] < 50 and f"{some['refused']} of 50 requests" in readout(some, 64)
+    one_token = run_point(STEP, 4.0, 16, 512, 50, 1, 0, 0.0, count=20)
+    assert "nan" not in readout(one_token, 512) and "TPOT p50 —" in readout(one_token, 512)

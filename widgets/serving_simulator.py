@@ -14,6 +14,7 @@ and running over the chosen rate's run.
 
 from __future__ import annotations
 
+import math
 import random
 
 import ipywidgets as W
@@ -67,51 +68,98 @@ def run_point(step_time: StepTimeModel, rate: float, max_num_seqs: int, num_bloc
     result = simulate(workload(rate, count, prompt_len, output_len, prefix_share, spread=spread), config, step_time,
                       max_model_len=4 * (prompt_len + output_len), num_blocks=num_blocks, speculation=speculation)
     latencies = [m.latency for m in result.metrics if m.latency is not None]
-    return result.summary() | {"rate": rate, "latency_p99_s": percentile(latencies, 99), "queue": result.queue}
+    return result.summary() | {"rate": rate, "latency_p99_s": percentile(latencies, 99), "queue": result.queue,
+                               "itl_p99_s": percentile([gap for m in result.metrics for gap in m.itls], 99),
+                               "longest_step_s": max((seconds for _, seconds, _, _ in result.steps), default=0.0),
+                               "count": count}
 
 
-def _axes(x0: float, title: str, x_label: str, y_label: str, x_max: float, y_max: float) -> list[str]:
+def nice_ticks(top: float, count: int = 4) -> list[float]:
+    """Round tick values from 0 covering `top`: steps of 1, 2, 2.5 or 5 times a power of ten."""
+    if not math.isfinite(top) or top <= 0:
+        return [0.0, 1.0]
+    rough = top / count
+    power = 10 ** math.floor(math.log10(rough))
+    step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= rough)
+    return [round(i * step, 12) for i in range(math.ceil(top / step - 1e-9) + 1)]
+
+
+def _label(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 or value == int(value) else f"{value:.3g}"
+
+
+def _axes(x0: float, title: str, x_label: str, y_label: str, x_ticks: list[float], y_ticks: list[float]) -> list[str]:
     parts = [f'<text x="{x0}" y="16" font-weight="bold">{title}</text>',
              f'<rect x="{x0 + LEFT}" y="{TOP}" width="{PLOT_W}" height="{PLOT_H}" fill="#fafafa" stroke="#ddd"/>',
              f'<text x="{x0 + LEFT + PLOT_W / 2}" y="{TOP + PLOT_H + 30}" text-anchor="middle">{x_label}</text>',
              f'<text x="{x0 + 12}" y="{TOP + PLOT_H / 2}" transform="rotate(-90 {x0 + 12} {TOP + PLOT_H / 2})" '
              f'text-anchor="middle">{y_label}</text>']
-    for i in range(5):
-        fx, fy = i / 4, i / 4
-        parts.append(f'<text x="{x0 + LEFT + fx * PLOT_W:.1f}" y="{TOP + PLOT_H + 14}" text-anchor="middle" '
-                     f'font-size="10">{x_max * fx:.3g}</text>')
-        parts.append(f'<text x="{x0 + LEFT - 4}" y="{TOP + PLOT_H - fy * PLOT_H + 4:.1f}" text-anchor="end" '
-                     f'font-size="10">{y_max * fy:.3g}</text>')
+    for tick in x_ticks:
+        x = x0 + LEFT + PLOT_W * tick / x_ticks[-1]
+        parts.append(f'<text x="{x:.1f}" y="{TOP + PLOT_H + 14}" text-anchor="middle" font-size="10">'
+                     f'{_label(tick)}</text>')
+    for tick in y_ticks:
+        y = TOP + PLOT_H - PLOT_H * tick / y_ticks[-1]
+        parts.append(f'<text x="{x0 + LEFT - 4}" y="{y + 4:.1f}" text-anchor="end" font-size="10">{_label(tick)}</text>'
+                     f'<line x1="{x0 + LEFT}" x2="{x0 + LEFT + PLOT_W}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>')
     return parts
+
+
+def average_queue(queue: list[tuple[float, int, int]], bins: int) -> list[tuple[float, float, float]]:
+    """(time, waiting, running) averaged over `bins` equal stretches of the run, each state weighted by
+    how long it held (until the next step): a readable line where the raw steps would be a barcode."""
+    if not queue:
+        return []
+    end = queue[-1][0] or 1.0
+    width = end / bins
+    sums = [[0.0, 0.0, 0.0] for _ in range(bins)]  # (seconds covered, waiting-seconds, running-seconds)
+    for (t, waiting, running), (t_next, *_) in zip(queue, queue[1:]):
+        while t < t_next:
+            index = min(bins - 1, int(t / width))
+            piece = min(t_next, (index + 1) * width) - t
+            if piece <= 0:  # t sits on the last bin's end
+                break
+            sums[index][0] += piece
+            sums[index][1] += piece * waiting
+            sums[index][2] += piece * running
+            t += piece
+    return [((i + 0.5) * width, w / d, r / d) for i, (d, w, r) in enumerate(sums) if d > 0]
 
 
 def render(points: list[dict], chosen: dict) -> str:
     """SVG: the throughput / p99-latency curve of `points` with `chosen` marked, and its queue."""
-    width, height = 2 * (LEFT + PLOT_W + 24), TOP + PLOT_H + 60
-    x_max = max(p["output_token_throughput"] for p in points) * 1.1 or 1.0
-    y_max = max(p["ttft_p99_s"] for p in points) * 1.1 or 1.0
+    width, height = 2 * (LEFT + PLOT_W + 24), TOP + PLOT_H + 40
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="serving-simulator" width="{width}" height="{height}" '
              f'viewBox="0 0 {width} {height}" style="max-width:100%;height:auto" data-step="{chosen["rate"]:.3f}" '
              'font-family="sans-serif" font-size="11">']
-    parts += _axes(0, "p99 time to first token against throughput", "output tokens / s", "p99 TTFT (s)", x_max, y_max)
-    xy = [(LEFT + PLOT_W * p["output_token_throughput"] / x_max, TOP + PLOT_H - PLOT_H * p["ttft_p99_s"] / y_max)
-          for p in points]
+    drawn = [p for p in points if p["requests"] and math.isfinite(p["ttft_p99_s"])]
+    x_ticks = nice_ticks(max((p["output_token_throughput"] for p in drawn), default=0.0) * 1.05)
+    y_ticks = nice_ticks(max((p["ttft_p99_s"] for p in drawn), default=0.0) * 1.05)
+    parts += _axes(0, "p99 time to first token against throughput", "output tokens / s", "p99 TTFT (s)",
+                   x_ticks, y_ticks)
+    xy = [(LEFT + PLOT_W * p["output_token_throughput"] / x_ticks[-1],
+           TOP + PLOT_H - PLOT_H * p["ttft_p99_s"] / y_ticks[-1]) for p in drawn]
     parts.append(f'<polyline points="{" ".join(f"{x:.1f},{y:.1f}" for x, y in xy)}" fill="none" stroke="#4c78a8"/>')
-    for p, (x, y) in zip(points, xy):
+    for p, (x, y) in zip(drawn, xy):
         radius, colour = (5, "#d62728") if p is chosen else (3, "#4c78a8")
         parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{radius}" fill="{colour}">'
                      f'<title>{p["rate"]:.3g} req/s: {p["output_token_throughput"]:.0f} tok/s, p99 TTFT '
                      f'{p["ttft_p99_s"]:.2f} s</title></circle>')
+    if not drawn:
+        parts.append(f'<text x="{LEFT + PLOT_W / 2}" y="{TOP + PLOT_H / 2}" text-anchor="middle" fill="#d62728">'
+                     "no request completed: none fits in the KV blocks</text>")
     x0 = LEFT + PLOT_W + 24
-    queue = chosen["queue"]
-    t_max = queue[-1][0] if queue else 1.0
-    q_max = max((w + r for _, w, r in queue), default=1) or 1
-    parts += _axes(x0, f"requests over time at {chosen['rate']:.3g} req/s", "time (s)", "requests", t_max, q_max)
+    queue = average_queue(chosen["queue"], PLOT_W // 3)
+    t_ticks = nice_ticks(chosen["queue"][-1][0] if chosen["queue"] else 0.0)
+    q_ticks = nice_ticks(max((w + r for _, w, r in queue), default=0.0))
+    parts += _axes(x0, f"requests over time at {chosen['rate']:.3g} req/s (averaged)", "time (s)", "requests",
+                   t_ticks, q_ticks)
     for index, colour, label in ((1, "#e45756", "waiting"), (2, "#54a24b", "running")):
-        path = " ".join(f"{x0 + LEFT + PLOT_W * q[0] / t_max:.1f},{TOP + PLOT_H - PLOT_H * q[index] / q_max:.1f}"
-                        for q in queue)
-        parts.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="1.2"/>'
-                     f'<text x="{x0 + LEFT + 8}" y="{TOP + 14 * index}" fill="{colour}">{label}</text>')
+        path = " ".join(f"{x0 + LEFT + PLOT_W * q[0] / t_ticks[-1]:.1f},"
+                        f"{TOP + PLOT_H - PLOT_H * q[index] / q_ticks[-1]:.1f}" for q in queue)
+        parts.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="1.4"/>'
+                     f'<text x="{x0 + LEFT + PLOT_W}" y="{TOP - 6 - 12 * (2 - index)}" text-anchor="end" '
+                     f'fill="{colour}">{label}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -155,7 +203,25 @@ class ServingSimulator(W.VBox):
                             acceptance=s["acceptance"], spread=s["spread"]) for k in SWEEP]
         chosen = points[SWEEP.index(1.0)]
         self.picture.value = render(points, chosen)
-        self.readout.value = (f"<p>At {chosen['rate']:.3g} requests/s: {chosen['output_token_throughput']:.0f} output "
-                              f"tokens/s, TTFT p50 {chosen['ttft_p50_s'] * 1e3:.0f} ms / p99 "
-                              f"{chosen['ttft_p99_s'] * 1e3:.0f} ms, TPOT p50 {chosen['tpot_p50_s'] * 1e3:.1f} ms, "
-                              f"{chosen['preemptions']} preemptions ({chosen['requests']} simulated requests).</p>")
+        self.readout.value = readout(chosen, s["num_blocks"])
+
+
+def _ms(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "—"
+    return f"{seconds * 1e3:.1f} ms" if seconds < 0.1 else f"{seconds * 1e3:,.0f} ms"
+
+
+def readout(chosen: dict, num_blocks: int, block_size: int = 16) -> str:
+    """The chosen rate's numbers in words; what could not be served said first."""
+    lines = []
+    if chosen["refused"]:
+        lines.append(f"<b>{chosen['refused']} of {chosen['count']} requests can never fit in {num_blocks} KV blocks "
+                     f"({num_blocks * block_size:,} tokens): the engine refuses them.</b> ")
+    if chosen["requests"]:
+        lines.append(f"At {chosen['rate']:.3g} requests/s: {chosen['output_token_throughput']:.0f} output tokens/s; "
+                     f"TTFT p50 {_ms(chosen['ttft_p50_s'])}, p99 {_ms(chosen['ttft_p99_s'])}; "
+                     f"TPOT p50 {_ms(chosen['tpot_p50_s'])}; ITL p99 {_ms(chosen['itl_p99_s'])}; "
+                     f"longest step {_ms(chosen['longest_step_s'])}; {chosen['preemptions']} preemptions "
+                     f"({chosen['requests']} simulated requests served).")
+    return "<p>" + "".join(lines) + "</p>"

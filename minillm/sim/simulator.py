@@ -68,6 +68,7 @@ class SimResult:
     steps: list[tuple[float, float, int, int]] = field(default_factory=list)  # (start, seconds, decodes, prompt tokens)
     queue: list[tuple[float, int, int]] = field(default_factory=list)  # (time, waiting, running)
     preemptions: int = 0
+    refused: int = 0  # requests that could never fit (the KV cache too small for them): the engine refuses them
 
     @property
     def wall(self) -> float:
@@ -81,7 +82,7 @@ class SimResult:
                 "request_throughput": len(self.metrics) / self.wall if self.wall else 0.0,
                 "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
                 "tpot_p50_s": percentile(tpot, 50), "tpot_p99_s": percentile(tpot, 99),
-                "steps": len(self.steps), "preemptions": self.preemptions}
+                "steps": len(self.steps), "preemptions": self.preemptions, "refused": self.refused}
 
 
 def simulate(workload: list[SimRequest], config: EngineConfig, step_time: StepTimeModel, max_model_len: int,
@@ -117,8 +118,8 @@ def simulate(workload: list[SimRequest], config: EngineConfig, step_time: StepTi
         output = scheduler.schedule()
         result.preemptions += len(output.preempted_ids)
         if output.is_empty:  # nothing can run (the queue's head can never fit): the engine would refuse it
-            head = scheduler.waiting[0]
-            scheduler.finish(head, "error")
+            scheduler.finish(scheduler.waiting[0], "error")
+            result.refused += 1
             continue
         # every token of a chunk beyond a plain decode's one: prompt, chunk, recomputation, or a decode with guesses
         prompt_tokens = sum(c.num_tokens for c in output.chunks if c.num_tokens > 1 or c.is_prefill)
