@@ -6,11 +6,11 @@ QUESTIONS = [
     Question("A server finishes 20 requests per second, and each spends 3 s in the system on average (queue and "
              "generation). How many requests are inside it at a typical moment?",
              ("About 7, the 20 requests per second divided by the 3 s each one takes",
-              "About 60: requests inside = arrivals per second x seconds each one stays (Little's law)",
+              "About 60: requests inside = requests per second x seconds each one stays",
               "It cannot be known without the number of batch slots the server was configured with"),
              1, "Little's law, L = lambda x W, holds for any stable system whatever its scheduling: 20 x 3 = 60. "
                 "If the server has 16 slots, the other 44 are waiting in its queue.",
-             why_not=("Dividing gives requests per second per second of latency, which measures nothing.", None,
+             why_not=("20 / 3 is in requests per second per second: not a number of requests at all.", None,
                       "The slots decide how the 60 split between running and waiting, not how many there are.")),
     Question("Streaming (`stream: true`) makes a chat feel faster. Which metric does it change?",
              ("None of the engine's: it changes when the user sees the first token, not when the engine makes it",
@@ -30,13 +30,16 @@ QUESTIONS = [
                 "(fuller batches) while the wait before each first token grows, and fewer requests meet the SLO.",
              why_not=("Tokens that arrive too late to meet the target are not useful work: that is what goodput "
                       "counts.", None, "This is exactly the regime goodput was defined to reveal.")),
-    Question("/metrics shows hundreds of preemptions, a low throughput and a long queue, while the batch never has "
-             "more than 3 requests running. Which single change helps most?",
-             ("More batch slots (max_num_seqs), so that more requests run at once",
-              "Chunked prefill, so that the long prompts stop stalling the decodes",
-              "A larger KV cache (more blocks), so that running requests stop evicting each other"),
-             2, "Preemptions mean the KV blocks ran out: requests are thrown out and recomputed, and only the few "
-                "that fit run. More slots cannot help while the blocks are gone.",
-             why_not=("The slots are not what is full: only 3 of them are used.",
-                      "Chunking spreads prompts over steps; it does not make room in the cache.", None)),
+    Question("A client closes its connection halfway through a long streamed answer. What should the server do, "
+             "and why does it matter under load?",
+             ("Nothing: the engine finishes the answer and the server throws the text away, which is harmless",
+              "Abort the request in the engine at once, so that its batch slot and KV blocks go to a waiting request",
+              "Keep generating and cache the answer, in case the client asks the same question again"),
+             1, "A request nobody reads still takes a slot and KV blocks every step until it ends; under load "
+                "those are exactly what the queue is waiting for. The server notices the disconnect and aborts, and "
+                "the engine frees the request's blocks the same step.",
+             why_not=("Not harmless under load: every step it runs is a slot and blocks that a waiting request could "
+                      "have had, and its tokens are computed for nobody.", None,
+                      "The prefix cache already keeps reusable KV; finishing text nobody asked for only delays "
+                      "others.")),
 ]

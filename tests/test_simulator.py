@@ -120,3 +120,24 @@ def test_every_lab_scenario_misses_its_slo_until_fixed_and_an_empty_answer_fails
     assert results and not any(r.passed for r in results)
     with pytest.raises(ValueError, match="settings you can change"):
         lab.run("queueing", {"temperature": 0})
+
+
+def test_the_lab_checks_every_fix_and_shows_no_answer():
+    from minillm.sim import lab
+
+    assert lab.settings("preemption")["num_blocks"] == 60 and lab.settings("queueing")["max_num_seqs"] == 2
+    for cause in lab.CAUSES:  # what the notebook prints of a scenario never names its cause
+        assert all(cause not in repr(scenario) for scenario in lab.SCENARIOS.values())
+    for bad, error, message in (({"num_blocks": "512"}, TypeError, "an integer"),
+                                ({"num_blocks": 512.0}, TypeError, "an integer"),
+                                ({"max_num_seqs": True}, TypeError, "an integer"),
+                                ({"prefix_cache": 1}, TypeError, "True or False"),
+                                ({"num_blocks": 10**9}, ValueError, r"\[16, 65536\]"),
+                                ({"max_tokens_per_prefill_chunk": 1}, ValueError, r"\[16, 8192\]"),
+                                ({"max_num_seqs": 0}, ValueError, r"\[1, 1024\]"),
+                                ("max_num_seqs=4", TypeError, "a dict")):
+        with pytest.raises(error, match=message):
+            lab.run("queueing", bad)
+    with pytest.raises(ValueError, match="the lab's scenarios"):
+        lab.run("Queueing")
+    assert lab.check_fix({"num_blocks": np.int64(512)}) == {"num_blocks": 512}

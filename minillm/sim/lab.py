@@ -15,8 +15,9 @@ ONE setting and run again (`run(name, fix)`) until the SLO holds.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from minillm.config import EngineConfig
 from minillm.metrics import percentile
@@ -32,8 +33,17 @@ CAUSES = ("too few batch slots", "KV cache too small", "long prompts stall the d
 SETTINGS = ("max_num_seqs", "num_blocks", "chunked_prefill", "max_tokens_per_prefill_chunk", "prefix_cache")
 
 
+# what each setting may be set to: (type, lowest, highest) — generous, but a run stays seconds long
+SETTING_RANGES = {"max_num_seqs": (int, 1, 1024), "num_blocks": (int, 16, 65_536),
+                  "chunked_prefill": (bool, False, True), "max_tokens_per_prefill_chunk": (int, 16, 8192),
+                  "prefix_cache": (bool, False, True)}
+
+
 @dataclass(frozen=True)
 class Slo:
+    """Targets over the whole run: the 99th percentile of every request's TTFT, and of every gap
+    between two tokens of any request."""
+
     ttft_p99_s: float
     itl_p99_s: float  # the gaps between a request's tokens: a stalled step shows here, not in a mean
 
@@ -41,11 +51,10 @@ class Slo:
 @dataclass(frozen=True)
 class Scenario:
     description: str
-    config: EngineConfig
+    config: EngineConfig = field(repr=False)
     num_blocks: int
-    workload: tuple[SimRequest, ...]
+    workload: tuple[SimRequest, ...] = field(repr=False)
     slo: Slo
-    cause: str  # one of CAUSES
 
 
 def _poisson(rate: float, count: int, prompt: tuple[int, int], output: tuple[int, int], seed: int,
@@ -63,31 +72,59 @@ def _paged(**overrides) -> EngineConfig:
 
 
 SCENARIOS = {
-    "queueing": Scenario("Requests of ~100 prompt and ~64 output tokens arrive at 10 per second.",
+    "queueing": Scenario("~100 prompt, ~64 output tokens each; 10 requests/s",
                          _paged(max_num_seqs=2), 4096, _poisson(10, 300, (60, 140), (40, 90), seed=1),
-                         Slo(ttft_p99_s=1.0, itl_p99_s=0.1), CAUSES[0]),
-    "preemption": Scenario("Requests of ~300 prompt and ~300 output tokens arrive at 1.5 per second.",
+                         Slo(ttft_p99_s=1.0, itl_p99_s=0.1)),
+    "preemption": Scenario("~300 prompt, ~300 output tokens each; 1.5 requests/s",
                            _paged(), 60, _poisson(1.5, 150, (200, 400), (200, 400), seed=2),
-                           Slo(ttft_p99_s=1.0, itl_p99_s=0.1), CAUSES[1]),
-    "long_prompts": Scenario("Chat-sized requests at 4 per second; every 4th brings a 1,500-token document.",
+                           Slo(ttft_p99_s=1.0, itl_p99_s=0.1)),
+    "long_prompts": Scenario("chat-sized, 4 requests/s; every 4th brings a 1,500-token document",
                              _paged(max_tokens_per_step=4096), 4096,
                              _poisson(4, 200, (30, 80), (60, 120), seed=3, long_every=4, long_len=1500),
-                             Slo(ttft_p99_s=2.0, itl_p99_s=0.1), CAUSES[2]),
-    "shared_prompt": Scenario("Every request starts with the same 1,200-token system prompt; 4 per second.",
+                             Slo(ttft_p99_s=2.0, itl_p99_s=0.1)),
+    "shared_prompt": Scenario("each starts with the same 1,200-token system prompt; 4 requests/s",
                               _paged(max_tokens_per_step=4096), 4096,
                               _poisson(4, 150, (1230, 1300), (20, 40), seed=4, shared=1200),
-                              Slo(ttft_p99_s=0.3, itl_p99_s=0.2), CAUSES[3]),
+                              Slo(ttft_p99_s=0.3, itl_p99_s=0.2)),
 }
+
+
+def _scenario(name: object) -> Scenario:
+    if not isinstance(name, str) or name not in SCENARIOS:
+        raise ValueError(f"the lab's scenarios are {tuple(SCENARIOS)}; got {name!r}")
+    return SCENARIOS[name]
+
+
+def settings(name: str) -> dict:
+    """The scenario's current value of every setting you can change."""
+    scenario = _scenario(name)
+    return {key: scenario.num_blocks if key == "num_blocks" else getattr(scenario.config, key) for key in SETTINGS}
+
+
+def check_fix(fix: object) -> dict:
+    """`fix` as a dict of settings, each of SETTINGS and of its type and range; a clear error if not."""
+    if fix is None:
+        return {}
+    if not isinstance(fix, dict):
+        raise TypeError(f"a fix is a dict {{setting: value}} with settings from {SETTINGS}; got {fix!r}")
+    unknown = [key for key in fix if key not in SETTINGS]
+    if unknown:
+        raise ValueError(f"settings you can change: {SETTINGS}; got {unknown}")
+    for key, value in fix.items():
+        kind, low, high = SETTING_RANGES[key]
+        if kind is bool and not isinstance(value, bool):
+            raise TypeError(f"{key} is True or False; got {value!r}")
+        if kind is int and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+            raise TypeError(f"{key} is an integer; got {value!r}")
+        if kind is int and not low <= value <= high:
+            raise ValueError(f"{key} must lie in [{low}, {high}] in this lab; got {value}")
+    return {key: int(value) if SETTING_RANGES[key][0] is int else value for key, value in fix.items()}
 
 
 def run(name: str, fix: dict | None = None) -> SimResult:
     """The scenario's run, with the settings in `fix` (keys from SETTINGS) changed."""
-    scenario = SCENARIOS[name]
-    fix = dict(fix or {})
-    unknown = set(fix) - set(SETTINGS)
-    if unknown:
-        raise ValueError(f"settings you can change: {SETTINGS}; got {sorted(unknown)}")
-    num_blocks = int(fix.pop("num_blocks", scenario.num_blocks))
+    scenario, fix = _scenario(name), check_fix(fix)
+    num_blocks = fix.pop("num_blocks", scenario.num_blocks)
     config = dataclasses.replace(scenario.config, **fix)
     return simulate(list(scenario.workload), config, COURSE_STEP_TIME, config.max_model_len, num_blocks)
 
@@ -109,5 +146,5 @@ def symptoms(result: SimResult) -> dict:
 
 
 def meets_slo(name: str, result: SimResult) -> bool:
-    s, slo = symptoms(result), SCENARIOS[name].slo
+    s, slo = symptoms(result), _scenario(name).slo
     return s["ttft_p99_s"] <= slo.ttft_p99_s and s["itl_p99_s"] <= slo.itl_p99_s

@@ -773,6 +773,15 @@ def diagnose_with_fixes_too_timid():
     return answers
 
 
+@wrong("ch09.diagnose", "settings of the right type")
+def diagnose_with_a_number_in_quotes():
+    from solutions.ch09_diagnose import diagnose
+
+    answers = diagnose()
+    answers["preemption"]["fix"] = {"num_blocks": "1024"}  # WRONG: a string, not an integer
+    return answers
+
+
 @wrong("ch09.diagnose", "one setting of")
 def diagnose_changing_everything_at_once():
     from solutions.ch09_diagnose import diagnose
