@@ -49,10 +49,14 @@ def _add_bench(commands) -> None:
     bench.add_argument("--prompts-file", default=None, help="a text file to cut prompts from (default: the held-out "
                                                             "sample shipped with the course)")
     bench.add_argument("--seed", type=int, default=0)
-    bench.add_argument("--slo-ttft", type=float, default=1.0, help="goodput: TTFT limit in seconds")
-    bench.add_argument("--slo-tpot", type=float, default=0.1, help="goodput: TPOT limit in seconds")
+    bench.add_argument("--slo-ttft", type=_ranged(float, 0, inclusive=False), default=1.0,
+                       help="goodput: TTFT limit in seconds")
+    bench.add_argument("--slo-tpot", type=_ranged(float, 0, inclusive=False), default=0.1,
+                       help="goodput: TPOT limit in seconds")
+    bench.add_argument("--request-timeout", type=_ranged(float, 0, inclusive=False), default=600.0,
+                       help="a request not finished this many seconds after it was sent fails (default 600)")
     bench.add_argument("--api-key", default=None)
-    bench.add_argument("--out", default=None, help="write OUT.json and OUT.png")
+    bench.add_argument("--out", default=None, help="write OUT.json (after each rate) and OUT.png")
 
 
 def bench(args) -> int:
@@ -60,17 +64,40 @@ def bench(args) -> int:
     from pathlib import Path
 
     from minillm import ASSETS_DIR
-    from minillm.loadgen import Slo, plot, sweep
+    from minillm.loadgen import Slo, plot, prompts_from_text, sweep
 
     text_file = Path(args.prompts_file) if args.prompts_file else ASSETS_DIR / "heldout_sample.txt"
     try:
-        text = text_file.read_text()
-    except OSError as err:
-        print(f"minillm: error: {err}", file=sys.stderr)
+        text = text_file.read_text(encoding="utf-8")
+        prompts_from_text(text, 1, args.seed)  # enough text to cut prompts from?
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        print(f"minillm: error: --prompts-file {text_file}: {err}", file=sys.stderr)
         return USAGE_ERROR
-    results = sweep(args.url, args.model, args.rate, args.num_prompts, args.max_tokens, args.seed,
-                    Slo(args.slo_ttft, args.slo_tpot), text, args.api_key,
-                    {"ignore_eos": True} if args.ignore_eos else None)
+    out = None
+    if args.out:
+        out = Path(args.out[: -len(".json")] if args.out.endswith(".json") else args.out)
+        try:  # before the run, not after it: a path that cannot be written loses nothing
+            Path(f"{out}.json").write_text("[]\n")
+        except OSError as err:
+            print(f"minillm: error: --out {args.out}: cannot write {out}.json ({err.strerror or err})",
+                  file=sys.stderr)
+            return USAGE_ERROR
+
+    def save(results: list[dict]) -> None:  # after every rate: an interrupted sweep keeps the finished ones
+        if out is not None:
+            rows = [r | {"rate": "inf" if r["rate"] == float("inf") else r["rate"]} for r in results]
+            Path(f"{out}.json").write_text(json.dumps(rows, indent=2) + "\n")
+
+    try:
+        results = sweep(args.url, args.model, args.rate, args.num_prompts, args.max_tokens, args.seed,
+                        Slo(args.slo_ttft, args.slo_tpot), text, args.api_key,
+                        {"ignore_eos": True} if args.ignore_eos else None, request_timeout=args.request_timeout,
+                        on_rate=save)
+    except KeyboardInterrupt:
+        saved = json.loads(Path(f"{out}.json").read_text()) if out is not None else []
+        where = f" (saved in {out}.json)" if saved else ""
+        print(f"\ninterrupted: {len(saved)} of {len(args.rate)} rates finished{where}", file=sys.stderr)
+        return 130
     for r in results:
         ms = lambda d: "/".join("-" if v is None else f"{1e3 * v:.0f}" for v in d.values())  # noqa: E731
         print(f"rate {r['rate']:g}/s: {r['completed']}/{r['requests']} ok, {r['request_throughput']:.2f} req/s, "
@@ -78,11 +105,13 @@ def bench(args) -> int:
               f"{ms(r['ttft_s'])} ms, TPOT {ms(r['tpot_s'])} ms, ITL {ms(r['itl_s'])} ms")
         for error in r["errors"]:
             print(f"  error: {error}")
-    if args.out:
-        Path(args.out).with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
-        plot(results, Path(args.out).with_suffix(".png"))
-        print(f"wrote {args.out}.json and .png")
-    return 0 if all(r["completed"] for r in results) else 1
+    if out is not None:
+        plot(results, Path(f"{out}.png"))
+        print(f"wrote {out}.json and {out}.png")
+    failed = sum(r["failed"] for r in results)
+    if failed:
+        print(f"minillm: {failed} of {sum(r['requests'] for r in results)} requests failed", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def _add_serve(commands) -> None:

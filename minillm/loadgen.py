@@ -10,7 +10,11 @@
 
 Because it speaks only the public API, the same run can drive minillm, vLLM or SGLang. ITL here is
 the gap between streamed chunks: a server that sends several tokens in one chunk (speculative
-decoding, or a detokenizer holding back half a character) shows one gap for them.
+decoding, or a detokenizer holding back half a character) shows one gap for them. A server that
+ignores `stream_options` sends no `usage`: its tokens are then counted as its chunks with text.
+
+A request succeeded when its stream ended with `data: [DONE]` and carried no error (an `error`
+object, or a choice finished with "error"); anything else is its failure, with the reason.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import json
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -30,17 +35,18 @@ from minillm.metrics import percentile
 class RequestRecord:
     sent: float  # seconds since the run began
     chunk_times: list[float] = field(default_factory=list)  # arrival of each streamed chunk with text
-    output_tokens: int = 0
+    output_tokens: int = 0  # the server's usage.completion_tokens, else the chunks with text
     status: int | None = None
     error: str | None = None
+    done: bool = False  # the stream ended with data: [DONE]
 
     @property
     def ok(self) -> bool:
-        return self.status == 200 and self.error is None and bool(self.chunk_times)
+        return self.status == 200 and self.error is None and self.done
 
     @property
-    def ttft(self) -> float:
-        return self.chunk_times[0] - self.sent
+    def ttft(self) -> float | None:  # None: the server finished without a token (a stop at once)
+        return self.chunk_times[0] - self.sent if self.chunk_times else None
 
     @property
     def tpot(self) -> float | None:
@@ -59,11 +65,16 @@ class Slo:
     tpot_s: float = 0.1
 
     def met(self, record: RequestRecord) -> bool:
-        return record.ok and record.ttft <= self.ttft_s and (record.tpot is None or record.tpot <= self.tpot_s)
+        return (record.ok and (record.ttft is None or record.ttft <= self.ttft_s)
+                and (record.tpot is None or record.tpot <= self.tpot_s))
 
 
 def prompts_from_text(text: str, count: int, seed: int, min_chars: int = 64, max_chars: int = 512) -> list[str]:
-    """`count` passages of the text, of random lengths and starts (seeded)."""
+    """`count` passages of the text, of random lengths and starts (seeded). The text must hold several
+    of the longest (else every prompt would be much the same, which a prefix cache would flatter)."""
+    if len(text) < 4 * max_chars:
+        raise ValueError(f"the prompts' text has {len(text):,} characters; it needs at least {4 * max_chars:,} "
+                         "to cut varied prompts from")
     rng = random.Random(seed)
     out = []
     for _ in range(count):
@@ -86,28 +97,71 @@ def arrival_times(count: int, rate: float, seed: int) -> list[float]:
     return times
 
 
+def _describe(err: BaseException) -> str:
+    """One line for a request's failure: the innermost cause, not a wrapper's name."""
+    while isinstance(getattr(err, "exceptions", None), (list, tuple)) and err.exceptions:  # an exception group
+        err = err.exceptions[0]
+    return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+
+
+def read_event(data: str, record: RequestRecord, now: float) -> None:
+    """One server-sent event's data: a chunk of text, the usage, or an error — into `record`."""
+    try:
+        event = json.loads(data)
+    except ValueError:
+        raise ValueError(f"not JSON in the stream: {data[:80]!r}") from None
+    if not isinstance(event, dict):
+        raise ValueError(f"a stream event that is not an object: {data[:80]!r}")
+    if event.get("error") is not None:
+        raise ValueError(f"the server reported an error mid-stream: {json.dumps(event['error'])[:200]}")
+    usage = event.get("usage")
+    if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+        record.output_tokens = usage["completion_tokens"]
+    choices = event.get("choices") or []
+    if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+        raise ValueError(f"malformed choices in the stream: {data[:80]!r}")
+    if any(c.get("finish_reason") == "error" for c in choices):
+        raise ValueError("the server ended the request with finish_reason 'error'")
+    if any(isinstance(c.get("text"), str) and c["text"] for c in choices):
+        record.chunk_times.append(now)
+
+
 async def _one(client, url: str, body: dict, record: RequestRecord, start: float, headers: dict) -> None:
+    usage_seen = False
     try:
         async with client.stream("POST", url, json=body, headers=headers) as response:
             record.status = response.status_code
             if response.status_code != 200:
-                record.error = (await response.aread()).decode(errors="replace")[:300]
+                body = (await response.aread()).decode(errors="replace")
+                record.error = f"HTTP {response.status_code}: {body[:300]}"
+                return
+            if not response.headers.get("content-type", "").startswith("text/event-stream"):
+                record.error = (f"not a stream (content-type {response.headers.get('content-type')!r}): does the "
+                                "server support stream: true?")
                 return
             async for line in response.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                data = json.loads(line[6:])
-                if data.get("usage"):
-                    record.output_tokens = data["usage"]["completion_tokens"]
-                if any(choice.get("text") for choice in data.get("choices", [])):
-                    record.chunk_times.append(time.perf_counter() - start)
-    except Exception as err:  # a refused connection, a timeout: this request's failure, not the run's
-        record.error = f"{type(err).__name__}: {err}"
+                if not line.startswith("data:"):
+                    continue  # comments, event names, blank lines between events
+                data = line[5:].removeprefix(" ")  # SSE allows "data:x" and "data: x"
+                if data == "[DONE]":
+                    record.done = True
+                    break
+                tokens = record.output_tokens
+                read_event(data, record, time.perf_counter() - start)
+                usage_seen |= record.output_tokens != tokens
+        if not record.done:
+            record.error = "the stream ended without data: [DONE]"
+        elif not usage_seen:
+            record.output_tokens = len(record.chunk_times)  # no usage sent: one token per chunk with text
+    except Exception as err:  # a refused connection, a timeout, a broken stream: this request's failure, not the run's
+        record.error = _describe(err)
 
 
 async def run_load(base_url: str, model: str, prompts: list[str], rate: float, max_tokens: int, seed: int = 0,
-                   api_key: str | None = None, extra: dict | None = None, progress: bool = True) -> tuple[list, float]:
-    """Send every prompt at its arrival time, streaming; returns (records, wall seconds)."""
+                   api_key: str | None = None, extra: dict | None = None, progress: bool = True,
+                   request_timeout: float = 600.0) -> tuple[list, float]:
+    """Send every prompt at its arrival time, streaming; returns (records, wall seconds). A request
+    that has not finished `request_timeout` seconds after it was sent fails (TimeoutError)."""
     import httpx
     from tqdm.auto import tqdm
 
@@ -116,7 +170,7 @@ async def run_load(base_url: str, model: str, prompts: list[str], rate: float, m
     times = arrival_times(len(prompts), rate, seed)
     records = [RequestRecord(sent=t) for t in times]
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(request_timeout), limits=limits) as client:
         start = time.perf_counter()
         bar = tqdm(total=len(prompts), desc=f"rate {rate:g}/s", unit="req", disable=not progress)
 
@@ -125,7 +179,10 @@ async def run_load(base_url: str, model: str, prompts: list[str], rate: float, m
             record.sent = time.perf_counter() - start  # when it really left
             body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
                     "stream_options": {"include_usage": True}} | (extra or {})
-            await _one(client, url, body, record, start, headers)
+            try:
+                await asyncio.wait_for(_one(client, url, body, record, start, headers), request_timeout)
+            except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11
+                record.error = f"TimeoutError: no end after {request_timeout:g} s"
             bar.update()
 
         await asyncio.gather(*(send(p, r) for p, r in zip(prompts, records)))
@@ -143,20 +200,25 @@ def summarize(records: list[RequestRecord], wall: float, slo: Slo) -> dict:
     return {"requests": len(records), "completed": len(ok), "failed": len(records) - len(ok), "wall_s": wall,
             "request_throughput": len(ok) / wall, "output_token_throughput": sum(r.output_tokens for r in ok) / wall,
             "goodput": sum(slo.met(r) for r in ok) / wall, "slo": asdict(slo),
-            "ttft_s": spread([r.ttft for r in ok]), "tpot_s": spread([r.tpot for r in ok if r.tpot is not None]),
+            "ttft_s": spread([r.ttft for r in ok if r.ttft is not None]),
+            "tpot_s": spread([r.tpot for r in ok if r.tpot is not None]),
             "itl_s": spread([gap for r in ok for gap in r.itls]),
             "errors": sorted({r.error for r in records if r.error})[:5]}
 
 
 def sweep(base_url: str, model: str, rates: list[float], num_prompts: int, max_tokens: int, seed: int, slo: Slo,
-          text: str, api_key: str | None = None, extra: dict | None = None, progress: bool = True) -> list[dict]:
-    """One run per rate (the same seeded prompts each time); one summary per rate."""
+          text: str, api_key: str | None = None, extra: dict | None = None, progress: bool = True,
+          request_timeout: float = 600.0, on_rate: Callable[[list[dict]], None] | None = None) -> list[dict]:
+    """One run per rate (the same seeded prompts each time); one summary per rate. `on_rate` gets the
+    summaries so far after each rate (to save them: an interrupted sweep keeps what it finished)."""
     prompts = prompts_from_text(text, num_prompts, seed)
     results = []
     for rate in rates:
         records, wall = asyncio.run(run_load(base_url, model, prompts, rate, max_tokens, seed, api_key, extra,
-                                             progress))
+                                             progress, request_timeout))
         results.append({"rate": rate} | summarize(records, wall, slo))
+        if on_rate is not None:
+            on_rate(results)
     return results
 
 
@@ -170,10 +232,11 @@ def plot(results: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     x = [r["output_token_throughput"] for r in results]
     for ax, key, label in ((axes[0], "ttft_s", "TTFT"), (axes[1], "tpot_s", "TPOT")):
+        shown = [(xi, r) for xi, r in zip(x, results) if r[key]["p99"] is not None]  # a rate that all failed: none
         for q, style in (("p50", "o-"), ("p99", "s--")):
-            ax.plot(x, [1e3 * (r[key][q] or 0) for r in results], style, label=f"{label} {q}")
-        for r, xi in zip(results, x):
-            ax.annotate(f"{r['rate']:g}/s", (xi, 1e3 * (r[key]["p99"] or 0)), textcoords="offset points",
+            ax.plot([xi for xi, _ in shown], [1e3 * r[key][q] for _, r in shown], style, label=f"{label} {q}")
+        for xi, r in shown:
+            ax.annotate(f"{r['rate']:g}/s", (xi, 1e3 * r[key]["p99"]), textcoords="offset points",
                         xytext=(4, 4), fontsize=8)
         ax.set(xlabel="output tokens / s", ylabel=f"{label} (ms)", ylim=(0, None),
                title=f"{label} against throughput, per arrival rate")

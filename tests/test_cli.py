@@ -167,6 +167,9 @@ def test_serve_answers_openai_requests_on_loopback(tmp_path):
     (["bench", "--rate", "0"], "must be > 0"),
     (["bench", "--rate", "nan"], "must be > 0"),
     (["bench", "--num-prompts", "0"], "must be >= 1"),
+    (["bench", "--slo-ttft", "nan"], "must be > 0"),
+    (["bench", "--slo-tpot", "-1"], "must be > 0"),
+    (["bench", "--request-timeout", "0"], "must be > 0"),
 ])
 def test_bad_serve_and_bench_flags_are_one_line(capsys, args, message):
     with pytest.raises(SystemExit) as exit_info:
