@@ -2,7 +2,7 @@
 
 
 def diagnose() -> dict[str, dict]:
-    """Your diagnosis of each lab scenario: "queueing", "preemption", "long_prompts", "shared_prompt".
+    """Your diagnosis of each lab scenario: "server_a", "server_b", "server_c", "server_d".
 
     For each, run it (`minillm.sim.lab.run(name)`), read its symptoms (`lab.symptoms(result)`), find
     the cause, change settings and run again (`lab.run(name, fix)`) until `lab.meets_slo(name, result)`.

@@ -50,6 +50,7 @@ from minillm.request import Request
 from minillm.runner import ModelRunner, StepResult
 from minillm.sampling import SamplingParams
 from minillm.scheduler import ContinuousScheduler, SchedulerOutput, StaticScheduler
+from minillm.scheduler.admission import refusal
 from minillm.speculative.proposers import DraftModelProposer, NgramProposer, Proposal
 from minillm.stopping import stop_reason
 from minillm.trace import SlotState, StepRecord, Trace
@@ -214,12 +215,9 @@ class LLMEngine:
                                          or not math.isfinite(arrival_time)):
             raise ValueError(f"arrival_time must be a time.perf_counter() value or None, got {arrival_time!r}")
         ids = encode_prompt(self.tokenizer, prompt, self.max_model_len, self.model.config.vocab_size)
-        if len(ids) > self.config.max_tokens_per_step and not self.config.chunked_prefill:
-            raise ValueError(f"prompt has {len(ids)} tokens, more than max_tokens_per_step="
-                             f"{self.config.max_tokens_per_step}: it could never be scheduled in one step "
-                             "(chunked_prefill=True would serve it in chunks)")
-        if self.pool is not None:
-            self._check_fits_paged(len(ids), params)
+        reason = refusal(len(ids), params.max_new_tokens, self.config, self.max_model_len, self.pool)
+        if reason is not None:
+            raise ValueError(reason)
         request = Request(request_id, ids, params, arrival_time if arrival_time is not None else time.perf_counter(),
                           prompt=prompt if isinstance(prompt, str) else None)
         detokenizer = IncrementalDetokenizer(self.tokenizer, ids, params.stop)
@@ -233,16 +231,6 @@ class LLMEngine:
         while (request_id := str(next(self._ids))) in self.requests:
             pass
         return request_id
-
-    def _check_fits_paged(self, num_prompt_tokens: int, params: SamplingParams) -> None:
-        """A request must fit the pool alone, and its recompute after a preemption must fit one step."""
-        longest = min(num_prompt_tokens + params.max_new_tokens, self.max_model_len)
-        if self.pool.blocks_for(longest) > self.pool.num_blocks:
-            raise ValueError(f"request may grow to {longest} tokens = {self.pool.blocks_for(longest)} blocks, but the "
-                             f"KV cache has only {self.pool.num_blocks} blocks: it could never fit")
-        if longest > self.config.max_tokens_per_step and not self.config.chunked_prefill:
-            raise ValueError(f"request may grow to {longest} tokens, more than max_tokens_per_step="
-                             f"{self.config.max_tokens_per_step}: after a preemption it could not be recomputed")
 
     def abort(self, request_id: str) -> bool:
         """Stop a request wherever it is, freeing its slot and KV blocks; False if it is unknown or

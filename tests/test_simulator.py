@@ -119,13 +119,13 @@ def test_every_lab_scenario_misses_its_slo_until_fixed_and_an_empty_answer_fails
     results = run("ch09.diagnose", lambda: {})
     assert results and not any(r.passed for r in results)
     with pytest.raises(ValueError, match="settings you can change"):
-        lab.run("queueing", {"temperature": 0})
+        lab.run("server_c", {"temperature": 0})
 
 
 def test_the_lab_checks_every_fix_and_shows_no_answer():
     from minillm.sim import lab
 
-    assert lab.settings("preemption")["num_blocks"] == 60 and lab.settings("queueing")["max_num_seqs"] == 2
+    assert lab.settings("server_a")["num_blocks"] == 60 and lab.settings("server_c")["max_num_seqs"] == 2
     for cause in lab.CAUSES:  # what the notebook prints of a scenario never names its cause
         assert all(cause not in repr(scenario) for scenario in lab.SCENARIOS.values())
     for bad, error, message in (({"num_blocks": "512"}, TypeError, "an integer"),
@@ -137,7 +137,66 @@ def test_the_lab_checks_every_fix_and_shows_no_answer():
                                 ({"max_num_seqs": 0}, ValueError, r"\[1, 1024\]"),
                                 ("max_num_seqs=4", TypeError, "a dict")):
         with pytest.raises(error, match=message):
-            lab.run("queueing", bad)
+            lab.run("server_c", bad)
     with pytest.raises(ValueError, match="the lab's scenarios"):
-        lab.run("Queueing")
+        lab.run("Server_C")
     assert lab.check_fix({"num_blocks": np.int64(512)}) == {"num_blocks": 512}
+
+
+def test_the_grader_judges_the_cause_alone_and_calls_diagnose_once():
+    from exercises.grading import run
+    from exercises.grading.ch09 import CAUSE_OF
+
+    calls = []
+
+    def causes_only():
+        calls.append(1)
+        return {name: {"cause": cause, "fix": None} for name, cause in CAUSE_OF.items()}
+
+    results = run("ch09.diagnose", causes_only)
+    assert len(calls) == 1 and len(results) == 8
+    assert [r.passed for r in results] == [True, False] * 4  # each scenario: its cause, then its fix
+    assert all("a dict {setting: value}" in r.message for r in results if not r.passed)
+
+
+def test_the_simulator_refuses_what_the_engine_refuses(model):
+    """The door's rules (scheduler/admission.py) are one function for both: a request that can never
+    fit is refused at once, never queued ahead of the others, and one longer than the context stops
+    where the context is full."""
+    config = EngineConfig(max_num_seqs=2, max_model_len=64, kv="paged", block_size=4,
+                          kv_cache_bytes=paged_budget(model, 4, 6))  # 24 tokens of KV
+    engine = LLMEngine(model, ByteTokenizer(), config)
+    workload = [SimRequest(0.0, 30, 4), SimRequest(0.0, 8, 4), SimRequest(0.1, 10, 60), SimRequest(0.2, 70, 2)]
+    for spec in workload:
+        refused_by_engine = False
+        try:
+            request = engine.add_request([5] * spec.prompt_len,
+                                         SamplingParams(temperature=0, max_new_tokens=spec.output_len))
+            engine.abort(request.request_id)  # only its admission is compared
+        except ValueError:
+            refused_by_engine = True
+        alone = simulate([spec], config, CONSTANT, max_model_len=64, num_blocks=engine.pool.num_blocks)
+        assert (alone.refused == 1) == refused_by_engine and len(alone.metrics) == 1 - alone.refused
+    together = simulate(workload, config, CONSTANT, max_model_len=64, num_blocks=engine.pool.num_blocks)
+    assert together.refused == 3 and together.metrics[0].ttft == pytest.approx(1.0)  # nobody blocked the queue
+    wide = EngineConfig(max_num_seqs=2, max_model_len=64)
+    capped = simulate([SimRequest(0.0, 60, 50)], wide, CONSTANT, max_model_len=64)
+    assert capped.metrics[0].num_tokens == 4  # 60 + 4 = the context: the engine's stop rule
+    for bad in (dict(arrival=float("nan")), dict(arrival=-1.0), dict(output_len=0), dict(prompt_len=2.5),
+                dict(shared_prefix_len=20)):
+        with pytest.raises(ValueError):
+            SimRequest(**({"arrival": 0.0, "prompt_len": 10, "output_len": 5} | bad))
+
+
+def test_a_fit_refuses_steps_that_cannot_tell_the_coefficients_apart():
+    from minillm.trace import SlotState, StepRecord, Trace
+
+    def trace(durations, batch) -> Trace:
+        steps = [StepRecord(i, 0.02 * i, d, tuple(SlotState(f"r{j}", 1, "decode") for j in range(batch(i))), (), (),
+                            kv_tokens={f"r{j}": 10 + i for j in range(batch(i))}) for i, d in enumerate(durations)]
+        return Trace(num_slots=4, steps=steps)
+
+    with pytest.raises(ValueError, match="cannot tell the 4 coefficients apart"):
+        StepTimeModel.fit([trace([0.01] * 20, lambda i: 2)])  # one batch size, no prompt: a guess
+    with pytest.raises(ValueError, match="not finite"):
+        StepTimeModel.fit([trace([0.01] * 3 + [float("nan")] + [0.01] * 16, lambda i: 1 + i % 3)])

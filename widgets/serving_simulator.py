@@ -57,6 +57,11 @@ def workload(rate: float, count: int, prompt_len: int, output_len: int, prefix_s
     return out
 
 
+def requests_per_point(output_len: int) -> int:
+    """200 requests a point, fewer when outputs are long (at least 50): a redraw stays a few seconds."""
+    return max(50, min(200, 25_000 // output_len))
+
+
 def run_point(step_time: StepTimeModel, rate: float, max_num_seqs: int, num_blocks: int, prompt_len: int,
               output_len: int, chunk: int, prefix_share: float, count: int = 200, block_size: int = 16,
               guesses: int = 0, acceptance: float = 0.7, spread: str = SPREADS[0]) -> dict:
@@ -198,8 +203,9 @@ class ServingSimulator(W.VBox):
 
     def redraw(self) -> None:
         s = self.settings()
+        count = requests_per_point(s["output_len"])
         points = [run_point(self.step_time, s["rate"] * k, s["max_num_seqs"], s["num_blocks"], s["prompt_len"],
-                            s["output_len"], s["chunk"], s["prefix_share"], guesses=s["guesses"],
+                            s["output_len"], s["chunk"], s["prefix_share"], count=count, guesses=s["guesses"],
                             acceptance=s["acceptance"], spread=s["spread"]) for k in SWEEP]
         chosen = points[SWEEP.index(1.0)]
         self.picture.value = render(points, chosen)

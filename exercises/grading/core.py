@@ -141,9 +141,11 @@ class Story:
 def crash(err: BaseException) -> str:
     """'ValueError: ... (line 12 of my_file.py)', at the deepest line that is the learner's."""
     frames = traceback.extract_tb(err.__traceback__)
-    theirs = [f for f in frames if not f.filename.startswith(_GRADING_DIR)
+    # code generated at run time ("<string>": a dataclass's __init__) is nobody's line to open
+    real = [f for f in frames if not f.filename.startswith("<") or f.filename.startswith("<ipython-input")]
+    theirs = [f for f in real if not f.filename.startswith(_GRADING_DIR)
               and (f.filename.startswith(_EXERCISES_DIR) or not f.filename.startswith(_NOT_THEIRS))]
-    where = (theirs or frames)[-1] if frames else None
+    where = (theirs or real or frames)[-1] if frames else None
     return f"{type(err).__name__}: {err}" + (f" (line {where.lineno} of {where.filename})" if where else "")
 
 
@@ -166,8 +168,12 @@ class Result:
         return f"PASS  {self.case}" if self.passed else f"FAIL  {self.case}: {self.message}"
 
 
+RUN_MEMO: dict[object, object] = {}  # what the cases of one run may share (a costly call's result); emptied per run
+
+
 def run(name: str, impl: Any) -> list[Result]:
     """Every case of exercise `name` on `impl`, graded as given."""
+    RUN_MEMO.clear()
     results = []
     for case in _exercise(name).cases:
         try:

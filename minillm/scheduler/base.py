@@ -58,7 +58,7 @@ class Scheduler:
         # a decode runs exactly the newest token, a generated one (and any guesses after it); anything
         # else computes tokens the request already had: its prompt, or after a preemption its output too
         decode = num_tokens == 1 and start == request.num_tokens - 1 and start >= request.num_prompt_tokens
-        tokens = tuple(request.all_token_ids[start:end]) + tuple(drafts)
+        tokens = tuple(request.token_slice(start, end)) + tuple(drafts)
         return ScheduledChunk(request.request_id, request.slot, start, tokens, samples=end == request.num_tokens,
                               is_prefill=not decode, block_table=blocks, num_drafts=len(drafts))
 
@@ -86,8 +86,10 @@ class Scheduler:
             request.num_computed_tokens += chunk.num_tokens - chunk.num_drafts + accepted
             request.output_token_ids.extend(new)
             request.draft_token_ids = []
-            if self.pool is not None:  # with a prefix cache, its newly full blocks become findable
-                self.pool.cache_full_blocks(request.request_id, request.all_token_ids, request.num_computed_tokens)
+            if self.pool is not None:
+                if self.pool.cache is not None:  # with a prefix cache, its newly full blocks become findable
+                    self.pool.cache_full_blocks(request.request_id, request.all_token_ids,
+                                                request.num_computed_tokens)
                 if chunk.num_drafts:
                     self.pool.truncate(request.request_id, request.num_tokens)
             if new:

@@ -15,6 +15,7 @@ admission, chunking, preemption, prefix hits — is exactly the engine's.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 
@@ -24,6 +25,7 @@ from minillm.metrics import RequestMetrics, percentile
 from minillm.request import Request
 from minillm.sampling import SamplingParams
 from minillm.scheduler import ContinuousScheduler
+from minillm.scheduler.admission import refusal
 from minillm.sim.step_time import StepTimeModel
 
 
@@ -33,6 +35,17 @@ class SimRequest:
     prompt_len: int
     output_len: int
     shared_prefix_len: int = 0  # leading prompt tokens it shares with every other request that has them
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.arrival, (int, float)) and math.isfinite(self.arrival) and self.arrival >= 0):
+            raise ValueError(f"arrival must be a finite number of seconds >= 0, got {self.arrival!r}")
+        for name, low in (("prompt_len", 0), ("output_len", 1), ("shared_prefix_len", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        if self.shared_prefix_len > self.prompt_len:
+            raise ValueError(f"shared_prefix_len ({self.shared_prefix_len}) is longer than the prompt "
+                             f"({self.prompt_len})")
 
 
 @dataclass(frozen=True)
@@ -68,7 +81,7 @@ class SimResult:
     steps: list[tuple[float, float, int, int]] = field(default_factory=list)  # (start, seconds, decodes, prompt tokens)
     queue: list[tuple[float, int, int]] = field(default_factory=list)  # (time, waiting, running)
     preemptions: int = 0
-    refused: int = 0  # requests that could never fit (the KV cache too small for them): the engine refuses them
+    refused: int = 0  # requests the engine would refuse at the door (scheduler/admission.py): never served
 
     @property
     def wall(self) -> float:
@@ -105,20 +118,26 @@ def simulate(workload: list[SimRequest], config: EngineConfig, step_time: StepTi
     while next_arrival < len(order) or scheduler.has_unfinished():
         while next_arrival < len(order) and workload[order[next_arrival]].arrival <= clock:
             arriving = workload[order[next_arrival]]
-            request = Request(str(order[next_arrival]), _prompt(order[next_arrival], arriving),
-                              SamplingParams(temperature=0, max_new_tokens=arriving.output_len, ignore_eos=True),
-                              arriving.arrival)
-            requests[request.request_id] = (request, arriving.output_len)
-            scheduler.add(request)
             next_arrival += 1
+            if refusal(arriving.prompt_len, arriving.output_len, config, max_model_len, pool) is not None:
+                result.refused += 1
+                continue
+            # it ends at its output length, or where the context is full (the engine's stop rule)
+            length = min(arriving.output_len, max_model_len - arriving.prompt_len)
+            request = Request(str(order[next_arrival - 1]), _prompt(order[next_arrival - 1], arriving),
+                              SamplingParams(temperature=0, max_new_tokens=length, ignore_eos=True), arriving.arrival)
+            requests[request.request_id] = (request, length)
+            scheduler.add(request)
         if not scheduler.has_unfinished():
-            clock = workload[order[next_arrival]].arrival  # idle until the next arrival
+            if next_arrival == len(order):  # the last arrivals were refused
+                break
+            clock = max(clock, workload[order[next_arrival]].arrival)  # idle until the next arrival
             continue
         drafting = _propose(scheduler, requests, speculation, config, max_model_len)
         output = scheduler.schedule()
         result.preemptions += len(output.preempted_ids)
-        if output.is_empty:  # nothing can run (the queue's head can never fit): the engine would refuse it
-            scheduler.finish(scheduler.waiting[0], "error")
+        if output.is_empty:  # nothing ran and nothing runs: the engine fails the queue's head (never happens
+            scheduler.finish(scheduler.waiting[0], "error")  # when the door's checks held)
             result.refused += 1
             continue
         # every token of a chunk beyond a plain decode's one: prompt, chunk, recomputation, or a decode with guesses

@@ -38,8 +38,10 @@ class StepTimeModel:
     per_context_token: float
 
     def predict(self, sequences: int, prompt_tokens: int, context_tokens: int) -> float:
-        coefficients = (self.base, self.per_sequence, self.per_prompt_token, self.per_context_token)
-        return max(0.0, float(np.dot(coefficients, step_features(sequences, prompt_tokens, context_tokens))))
+        # plain arithmetic: the simulator asks once per simulated step, a hundred thousand times a run
+        seconds = (self.base + self.per_sequence * sequences + self.per_prompt_token * prompt_tokens
+                   + self.per_context_token * context_tokens)
+        return max(0.0, seconds)
 
     @classmethod
     def fit(cls, traces: list[Trace], busy_gap: float | None = None) -> tuple[StepTimeModel, np.ndarray]:
@@ -64,6 +66,11 @@ class StepTimeModel:
                              f"got {len(records)}")
         x = np.array([features_of(r) for r in records])  # (steps, 4)
         y = np.array(times)  # (steps,)
-        coefficients, *_ = np.linalg.lstsq(x, y, rcond=None)
+        if not np.isfinite(y).all():
+            raise ValueError(f"{int((~np.isfinite(y)).sum())} recorded step times are not finite numbers")
+        coefficients, _, rank, _ = np.linalg.lstsq(x, y, rcond=None)
+        if rank < len(FEATURES):  # e.g. every step the same batch, or no prompt ever: a coefficient is a guess
+            raise ValueError(f"the steps cannot tell the {len(FEATURES)} coefficients apart (rank {rank}): record "
+                             "steps that vary in batch size, prompt tokens and context")
         model = cls(*(float(c) for c in coefficients))
         return model, y - x @ coefficients

@@ -759,7 +759,7 @@ def diagnose_blaming_memory_for_everything():
     from solutions.ch09_diagnose import diagnose
 
     answers = diagnose()
-    answers["queueing"] = {"cause": "KV cache too small", "fix": {"max_num_seqs": 16}}  # WRONG: nothing preempts
+    answers["server_c"] = {"cause": "KV cache too small", "fix": {"max_num_seqs": 16}}  # WRONG: nothing preempts
     return answers
 
 
@@ -768,8 +768,8 @@ def diagnose_with_fixes_too_timid():
     from solutions.ch09_diagnose import diagnose
 
     answers = diagnose()
-    answers["preemption"]["fix"] = {"num_blocks": 90}  # WRONG: still preempting
-    answers["queueing"]["fix"] = {"max_num_seqs": 3}  # WRONG: still a queue
+    answers["server_a"]["fix"] = {"num_blocks": 90}  # WRONG: still preempting
+    answers["server_c"]["fix"] = {"max_num_seqs": 3}  # WRONG: still a queue
     return answers
 
 
@@ -778,7 +778,7 @@ def diagnose_with_a_number_in_quotes():
     from solutions.ch09_diagnose import diagnose
 
     answers = diagnose()
-    answers["preemption"]["fix"] = {"num_blocks": "1024"}  # WRONG: a string, not an integer
+    answers["server_a"]["fix"] = {"num_blocks": "1024"}  # WRONG: a string, not an integer
     return answers
 
 
@@ -787,5 +787,14 @@ def diagnose_changing_everything_at_once():
     from solutions.ch09_diagnose import diagnose
 
     answers = diagnose()
-    answers["shared_prompt"]["fix"] = {"prefix_cache": True, "max_num_seqs": 64}  # WRONG: two knobs at once
+    answers["server_b"]["fix"] = {"prefix_cache": True, "max_num_seqs": 64}  # WRONG: two knobs at once
+    return answers
+
+
+@wrong("ch09.diagnose", "every request served")
+def diagnose_turning_the_long_requests_away():
+    from solutions.ch09_diagnose import diagnose
+
+    answers = diagnose()
+    answers["server_d"]["fix"] = {"num_blocks": 90}  # WRONG: the 1,500-token documents no longer fit: refused
     return answers
