@@ -190,7 +190,7 @@ class ServingSimulator(W.VBox):
         }
         for slider in self.sliders.values():
             slider.continuous_update = False
-            slider.style = {"description_width": "110px"}
+            slider.style = {"description_width": "135px"}
             slider.observe(lambda change: self.redraw(), names="value")
         self.picture, self.readout = W.HTML(), W.HTML()
         controls = list(self.sliders.values())
@@ -215,7 +215,9 @@ class ServingSimulator(W.VBox):
 def _ms(seconds: float) -> str:
     if not math.isfinite(seconds):
         return "—"
-    return f"{seconds * 1e3:.1f} ms" if seconds < 0.1 else f"{seconds * 1e3:,.0f} ms"
+    if seconds >= 1.0:
+        return f"{seconds:.1f} s"
+    return f"{seconds * 1e3:.1f} ms" if seconds < 0.1 else f"{seconds * 1e3:.0f} ms"
 
 
 def readout(chosen: dict, num_blocks: int, block_size: int = 16) -> str:
@@ -224,6 +226,8 @@ def readout(chosen: dict, num_blocks: int, block_size: int = 16) -> str:
     if chosen["refused"]:
         lines.append(f"<b>{chosen['refused']} of {chosen['count']} requests can never fit in {num_blocks} KV blocks "
                      f"({num_blocks * block_size:,} tokens): the engine refuses them.</b> ")
+        if not chosen["requests"]:
+            lines.append("Nothing runs, so no other setting changes the picture: give it more KV blocks. ")
     if chosen["requests"]:
         lines.append(f"At {chosen['rate']:.3g} requests/s: {chosen['output_token_throughput']:.0f} output tokens/s; "
                      f"TTFT p50 {_ms(chosen['ttft_p50_s'])}, p99 {_ms(chosen['ttft_p99_s'])}; "

@@ -108,11 +108,11 @@ def check_fix(fix: object) -> dict:
     for key, value in fix.items():
         kind, low, high = SETTING_RANGES[key]
         if kind is bool and not isinstance(value, bool):
-            raise TypeError(f"{key} is True or False; got {value!r}")
+            raise TypeError(f"{key} must be True or False, not {value!r}")
         if kind is int and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
-            raise TypeError(f"{key} is an integer; got {value!r}")
+            raise TypeError(f"{key} must be an integer, not {value!r}")
         if kind is int and not low <= value <= high:
-            raise ValueError(f"{key} must lie in [{low}, {high}] in this lab; got {value}")
+            raise ValueError(f"{key} must lie in [{low}, {high}] in this lab, not {value}")
     return {key: int(value) if SETTING_RANGES[key][0] is int else value for key, value in fix.items()}
 
 
