@@ -323,8 +323,8 @@ class LLMEngine:
             request.draft_token_ids = []  # guesses of an earlier step that never ran are not this step's
         # never more than the step budget could carry beside the token itself
         k = min(self.config.speculative.num_speculative_tokens, self.config.max_tokens_per_step - 1)
-        todo = [(r, min(k, r.params.max_new_tokens - r.num_output_tokens - 1, self.max_model_len - r.num_tokens))
-                for r in self.scheduler.running if r.num_uncomputed_tokens == 1]
+        todo = [(r, r.room_for_guesses(k, self.max_model_len)) for r in self.scheduler.running
+                if r.num_uncomputed_tokens == 1]
         try:
             proposals = self.proposer.propose([(r, n) for r, n in todo if n > 0], self.runner.sampling)
         except Exception:

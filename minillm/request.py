@@ -74,6 +74,11 @@ class Request:
             return self.prompt_token_ids[start:end]
         return self.prompt_token_ids[start:] + self.output_token_ids[: end - n]
 
+    def room_for_guesses(self, k: int, max_model_len: int) -> int:
+        """Speculative decoding: how many of `k` guesses this decoding request may verify — never past
+        its max_new_tokens or the context (the target's own token comes on top)."""
+        return min(k, self.params.max_new_tokens - self.num_output_tokens - 1, max_model_len - self.num_tokens)
+
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)

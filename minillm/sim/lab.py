@@ -25,13 +25,12 @@ COURSE_STEP_TIME = StepTimeModel(base=0.0109, per_sequence=0.00022, per_prompt_t
                                  per_context_token=7.5e-7)
 CAUSES = ("too few batch slots", "KV cache too small", "long prompts stall the decodes",
           "a shared prefix is computed again for every request")
-SETTINGS = ("max_num_seqs", "num_blocks", "chunked_prefill", "max_tokens_per_prefill_chunk", "prefix_cache")
-
-
-# what each setting may be set to: (type, lowest, highest) — generous, but a run stays seconds long
+# the settings a fix may change, and what each may be set to: (type, lowest, highest) — generous,
+# but a run stays seconds long
 SETTING_RANGES = {"max_num_seqs": (int, 1, 1024), "num_blocks": (int, 16, 65_536),
                   "chunked_prefill": (bool, False, True), "max_tokens_per_prefill_chunk": (int, 16, 8192),
                   "prefix_cache": (bool, False, True)}
+SETTINGS = tuple(SETTING_RANGES)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from minillm.sampling import SamplingParams
 from minillm.scheduler import ContinuousScheduler
 from minillm.scheduler.admission import refusal
 from minillm.sim.step_time import StepTimeModel
+from minillm.stopping import stop_reason
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ def simulate(workload: list[SimRequest], config: EngineConfig, step_time: StepTi
     chunk = config.max_tokens_per_prefill_chunk if config.chunked_prefill else None
     scheduler = ContinuousScheduler(config.max_num_seqs, max_model_len, config.max_tokens_per_step, pool, chunk)
     order = sorted(range(len(workload)), key=lambda i: workload[i].arrival)
-    requests: dict[str, tuple[Request, int]] = {}
+    requests: dict[str, Request] = {}
     result, clock, next_arrival = SimResult([]), 0.0, 0
     rng = random.Random(speculation.seed if speculation is not None else 0)
     while next_arrival < len(order) or scheduler.has_unfinished():
@@ -122,18 +123,17 @@ def simulate(workload: list[SimRequest], config: EngineConfig, step_time: StepTi
             if refusal(arriving.prompt_len, arriving.output_len, config, max_model_len, pool) is not None:
                 result.refused += 1
                 continue
-            # it ends at its output length, or where the context is full (the engine's stop rule)
-            length = min(arriving.output_len, max_model_len - arriving.prompt_len)
             request = Request(str(order[next_arrival - 1]), _prompt(order[next_arrival - 1], arriving),
-                              SamplingParams(temperature=0, max_new_tokens=length, ignore_eos=True), arriving.arrival)
-            requests[request.request_id] = (request, length)
+                              SamplingParams(temperature=0, max_new_tokens=arriving.output_len, ignore_eos=True),
+                              arriving.arrival)
+            requests[request.request_id] = request
             scheduler.add(request)
         if not scheduler.has_unfinished():
             if next_arrival == len(order):  # the last arrivals were refused
                 break
             clock = max(clock, workload[order[next_arrival]].arrival)  # idle until the next arrival
             continue
-        drafting = _propose(scheduler, requests, speculation, config, max_model_len)
+        drafting = _propose(scheduler, speculation, config, max_model_len)
         output = scheduler.schedule()
         result.preemptions += len(output.preempted_ids)
         if output.is_empty:  # nothing ran and nothing runs: the engine fails the queue's head (never happens
@@ -155,17 +155,19 @@ def simulate(workload: list[SimRequest], config: EngineConfig, step_time: StepTi
         for request, count in advanced:
             for _ in range(count):
                 request.metrics.record_token(clock)
-            if request.num_output_tokens >= requests[request.request_id][1]:
+            # at its output length, or where the context is full: the engine's stop rule (no EOS here)
+            reason = stop_reason(request.output_token_ids, request.num_prompt_tokens, request.params, (), max_model_len)
+            if reason is not None:
                 request.metrics.finish_time = clock
-                scheduler.finish(request, "length")
+                scheduler.finish(request, reason)
         result.queue.append((clock, len(scheduler.waiting), len(scheduler.running)))
-    result.metrics = [requests[str(i)][0].metrics for i in range(len(workload)) if str(i) in requests
-                      and requests[str(i)][0].finish_reason == "length"]
+    served = (requests.get(str(i)) for i in range(len(workload)))  # in the workload's order
+    result.metrics = [r.metrics for r in served if r is not None and r.finish_reason == "length"]
     return result
 
 
-def _propose(scheduler: ContinuousScheduler, requests: dict, speculation: SimSpeculation | None,
-             config: EngineConfig, max_model_len: int) -> tuple[int, int, int] | None:
+def _propose(scheduler: ContinuousScheduler, speculation: SimSpeculation | None, config: EngineConfig,
+             max_model_len: int) -> tuple[int, int, int] | None:
     """Placeholder guesses for every decoding request, as many as the engine would make (never past
     its output length or the context); returns the draft passes' (sequences, 0, context) or None."""
     if speculation is None:
@@ -176,8 +178,7 @@ def _propose(scheduler: ContinuousScheduler, requests: dict, speculation: SimSpe
         request.draft_token_ids = []
         if request.num_uncomputed_tokens != 1:
             continue
-        room = min(k, requests[request.request_id][1] - request.num_output_tokens - 1,
-                   max_model_len - request.num_tokens)
+        room = request.room_for_guesses(k, max_model_len)
         if room > 0:
             request.draft_token_ids = [0] * room
             sequences, context = sequences + 1, context + request.num_tokens
