@@ -123,7 +123,7 @@ def matches_transformers_on_random_logits(impl: Callable) -> None:
 
 # ----------------------------------------------------------------------------- ch01.kv_decode
 
-kv_decode = exercise("ch01.kv_decode", "ch01_kv_decode", "greedy_decode_with_cache")
+kv_decode = exercise("ch01.kv_decode", "ch01_kv_decode", "greedy_decode_with_cache", time_limit_s=30)
 
 
 class _Recorder:

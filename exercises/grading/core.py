@@ -19,6 +19,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, NoReturn
 
+from exercises.grading.time_limit import TimeLimitExceeded, within
+
 PACKAGE = "exercises"  # where the learner's implementations live
 _GRADING_DIR = str(Path(__file__).parent)
 _EXERCISES_DIR = str(Path(__file__).parents[1])
@@ -45,6 +47,7 @@ class Exercise:
     module: str  # its file in exercises/ and solutions/, e.g. "ch04_block_allocator"
     attr: str  # the function or class the learner writes
     cases: list[Case] = field(default_factory=list)
+    time_limit_s: float = 10.0  # per case; the solution takes a small fraction of it
 
     @property
     def chapter(self) -> str:
@@ -61,9 +64,10 @@ class Exercise:
 EXERCISES: dict[str, Exercise] = {}
 
 
-def exercise(name: str, module: str, attr: str) -> Exercise:
-    """Declare exercise `name`, implemented as `attr` in `exercises/<module>.py`."""
-    EXERCISES[name] = Exercise(name, module, attr)
+def exercise(name: str, module: str, attr: str, time_limit_s: float = 10.0) -> Exercise:
+    """Declare exercise `name`, implemented as `attr` in `exercises/<module>.py`; each case may run
+    `time_limit_s` seconds."""
+    EXERCISES[name] = Exercise(name, module, attr, time_limit_s=time_limit_s)
     return EXERCISES[name]
 
 
@@ -139,14 +143,24 @@ class Story:
 
 
 def crash(err: BaseException) -> str:
-    """'ValueError: ... (line 12 of my_file.py)', at the deepest line that is the learner's."""
+    """'ValueError: ... (line 12 of my_file.py)', at the deepest line that is the learner's. A syntax
+    error names the line it is on, not the import machinery that found it."""
+    if isinstance(err, SyntaxError) and err.filename and err.lineno:
+        text = f": {err.text.strip()!r}" if err.text and err.text.strip() else ""
+        return f"{type(err).__name__}: {err.msg} (line {err.lineno} of {err.filename}{text})"
+    where = learners_line(err)
+    return f"{type(err).__name__}: {err}" + (f" ({where})" if where else "")
+
+
+def learners_line(err: BaseException) -> str | None:
+    """'line 12 of my_file.py': where `err` was raised, at the deepest line that is the learner's."""
     frames = traceback.extract_tb(err.__traceback__)
     # code generated at run time ("<string>": a dataclass's __init__) is nobody's line to open
     real = [f for f in frames if not f.filename.startswith("<") or f.filename.startswith("<ipython-input")]
     theirs = [f for f in real if not f.filename.startswith(_GRADING_DIR)
               and (f.filename.startswith(_EXERCISES_DIR) or not f.filename.startswith(_NOT_THEIRS))]
     where = (theirs or real or frames)[-1] if frames else None
-    return f"{type(err).__name__}: {err}" + (f" (line {where.lineno} of {where.filename})" if where else "")
+    return f"line {where.lineno} of {where.filename}" if where else None
 
 
 # ----------------------------------------------------------------------------- running
@@ -155,7 +169,7 @@ def crash(err: BaseException) -> str:
 @dataclass
 class Result:
     case: str
-    status: str  # "pass", "fail" or "not started" (the case met a NotImplementedError)
+    status: str  # "pass", "fail", "timed out" or "not started" (the case met a NotImplementedError)
     message: str = ""  # what was given, what was expected, what came back
     expected: str = ""
     got: str = ""
@@ -172,13 +186,23 @@ RUN_MEMO: dict[object, object] = {}  # what the cases of one run may share (a co
 
 
 def run(name: str, impl: Any) -> list[Result]:
-    """Every case of exercise `name` on `impl`, graded as given."""
+    """Every case of exercise `name` on `impl`, graded as given, each within the exercise's time
+    limit. After a case runs out of time the later ones are not run (each would likely wait as long)."""
     RUN_MEMO.clear()
-    results = []
-    for case in _exercise(name).cases:
+    ex = _exercise(name)
+    results: list[Result] = []
+    for case in ex.cases:
+        if any(r.status == "timed out" for r in results):
+            results.append(Result(case.title, "fail", "not run: an earlier case ran out of time",
+                                  "a result", "not run"))
+            continue
         try:
-            case.fn(impl)
+            within(ex.time_limit_s, lambda case=case: case.fn(impl))
             results.append(Result(case.title, "pass"))
+        except TimeLimitExceeded as err:
+            where = learners_line(err) or "your code"
+            got = f"no answer within {ex.time_limit_s:g} s, stopped at {where} (an endless loop?)"
+            results.append(Result(case.title, "timed out", f"expected an answer, got {got}", "an answer", got))
         except NotImplementedError as err:
             results.append(Result(case.title, "not started", f"not implemented yet (NotImplementedError: {err})"))
         except Failure as err:
@@ -193,9 +217,15 @@ def not_started(results: list[Result]) -> bool:
 
 
 def load(name: str, package: str = PACKAGE) -> Any:
-    """Exercise `name`'s function or class in `package`, re-read from its file now."""
+    """Exercise `name`'s function or class in `package`, re-read from its file now (its top-level
+    code within the exercise's time limit)."""
     ex = _exercise(name)
-    return getattr(_fresh_module(f"{package}.{ex.module}"), ex.attr)
+    try:
+        module = within(ex.time_limit_s, lambda: _fresh_module(f"{package}.{ex.module}"))
+    except TimeLimitExceeded as err:
+        raise TimeoutError(f"importing it took more than {ex.time_limit_s:g} s, stopped at "
+                           f"{learners_line(err) or 'its top-level code'}") from None
+    return getattr(module, ex.attr)
 
 
 def check(name: str, impl: Any = None, *, package: str = PACKAGE) -> None:

@@ -3,8 +3,11 @@ stubs are "not started", and every plausible wrong answer (wrong_answers.py) fai
 
 from __future__ import annotations
 
+import signal
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -138,6 +141,75 @@ def test_a_file_that_does_not_import_is_reported(learner_package, capsys):
     check("ch02.slot_utilisation", package="learner_copy")
     out = capsys.readouterr().out
     assert "FAIL  learner_copy/ch02_slot_utilisation.py does not import: expected no error, got SyntaxError" in out
+    # the learner's file and line, with the line itself; not importlib's frames (found by a learner walk)
+    assert "(line 1 of " in out
+    assert "learner_copy/ch02_slot_utilisation.py: 'def slot_utilisation(steps, num_slots)')" in out
+    assert "importlib" not in out and "<frozen" not in out
+
+
+# ----------------------------------------------------------------------------- the time limit
+
+ENDLESS = """
+    def slot_utilisation(steps, num_slots):
+        total = 0
+        while True:
+            total += 1
+"""
+SWALLOWING = """
+    def slot_utilisation(steps, num_slots):
+        while True:
+            try:
+                sum(range(1000))
+            except Exception:
+                pass
+"""
+
+
+@pytest.fixture
+def short_limit(monkeypatch):
+    monkeypatch.setattr(EXERCISES["ch02.slot_utilisation"], "time_limit_s", 0.3)
+
+
+@pytest.mark.parametrize("body", [ENDLESS, SWALLOWING], ids=["endless", "catches-Exception"])
+def test_an_endless_loop_fails_its_case_naming_the_line(learner_package, short_limit, capsys, body):
+    """Found by a learner walk: an endless loop hung check() and make grade."""
+    learner_package(body)
+    started = time.perf_counter()
+    check("ch02.slot_utilisation", package="learner_copy")
+    out = capsys.readouterr().out
+    assert time.perf_counter() - started < 5, "check() should stop after the first case's 0.3 s"
+    first, *rest = [line for line in out.splitlines() if line.startswith("FAIL")]
+    assert "expected an answer, got no answer within 0.3 s, stopped at line " in first
+    assert "learner_copy/ch02_slot_utilisation.py (an endless loop?)" in first
+    assert rest and all("not run: an earlier case ran out of time" in line for line in rest)
+    assert out.rstrip().endswith("0/4 passed")
+
+
+def test_the_time_limit_holds_off_the_main_thread(learner_package, short_limit):
+    learner_package(ENDLESS)
+    results: list = []
+    worker = threading.Thread(target=lambda: results.extend(run("ch02.slot_utilisation",
+                                                                    load("ch02.slot_utilisation", "learner_copy"))))
+    worker.start()
+    worker.join(10)
+    assert not worker.is_alive(), "run() off the main thread did not stop the endless loop"
+    assert results[0].status == "timed out" and "no answer within 0.3 s" in results[0].got
+
+
+def test_an_endless_loop_at_import_is_reported(learner_package, short_limit, capsys):
+    learner_package("while True:\n    pass\n")
+    check("ch02.slot_utilisation", package="learner_copy")
+    out = capsys.readouterr().out
+    assert "does not import: expected no error, got TimeoutError: importing it took more than 0.3 s" in out
+
+
+def test_the_time_limit_leaves_no_timer_behind(learner_package, short_limit):
+    """After a run, no alarm is pending and the SIGALRM handler is the one from before."""
+    before = signal.getsignal(signal.SIGALRM)
+    learner_package(RIGHT_FILE)
+    assert all(r.passed for r in run("ch02.slot_utilisation", load("ch02.slot_utilisation", "learner_copy")))
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGALRM) is before
 
 
 def test_an_unchained_block_key_fails_only_the_chaining_rules_and_names_the_first_wrong_key():
