@@ -19,7 +19,8 @@ import itertools
 import torch
 import torch.nn.functional as F
 
-from minillm.attention.masks import additive_mask, prefill_mask
+from minillm.attention.causal import causal_attention
+from minillm.attention.masks import additive_mask
 from minillm.memory import format_bytes
 
 
@@ -94,7 +95,6 @@ class ContiguousBatch:
             last = self.decode_pos
         visible = torch.arange(self.decode_len, device=device)[None, :] <= last[:, None]
         self.decode_mask = additive_mask(visible[:, None, None], cache.k[0].dtype)
-        self.prefill_masks = [prefill_mask(start, n, cache.k[0].dtype, device) for _, _, start, n in self.prefills]
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         """q: (num_tokens, heads, head_dim); k, v: (num_tokens, kv_heads, head_dim) -> like q."""
@@ -102,13 +102,12 @@ class ContiguousBatch:
         out = torch.empty_like(q)
         if self.num_decode_slots:
             self._decode(q, k, v, k_cache, v_cache, scale, out)
-        for (offset, slot, start, n), mask in zip(self.prefills, self.prefill_masks):
+        for offset, slot, start, n in self.prefills:
             end = start + n
             k_cache[slot, :, start:end] = k[offset : offset + n].transpose(0, 1)
             v_cache[slot, :, start:end] = v[offset : offset + n].transpose(0, 1)
             qs = q[offset : offset + n].transpose(0, 1)[None]  # (1, heads, n, head_dim)
-            o = F.scaled_dot_product_attention(qs, k_cache[slot, None, :, :end], v_cache[slot, None, :, :end],
-                                               attn_mask=mask, scale=scale, enable_gqa=True)
+            o = causal_attention(qs, k_cache[slot, None, :, :end], v_cache[slot, None, :, :end], start, scale)
             out[offset : offset + n] = o[0].transpose(0, 1)
         return out
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from minillm.attention.causal import causal_attention
+
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
@@ -68,6 +70,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     """Prefill / extend attention: sequence i's query_lens[i] new tokens, rows query_starts[i]... of q,
     sit at positions context_starts[i]... and attend causally to every cached token up to their own
     (their own K/V must already be stored). Writes those rows of `out`; other rows are left alone.
+    No masked score is computed that can be skipped (`minillm/attention/causal.py`).
 
         sequence i:  | cached before this chunk (context_starts[i]) | the chunk (query_lens[i]) |
         new token j (position context_starts[i] + j) sees keys 0 .. context_starts[i] + j
@@ -81,6 +84,4 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         keys = gather_kv(k_cache, block_tables[i], end).transpose(0, 1)[None]  # (1, kv_heads, end, head_dim)
         values = gather_kv(v_cache, block_tables[i], end).transpose(0, 1)[None]
         queries = q[row : row + n].transpose(0, 1)[None]  # (1, heads, n, head_dim)
-        visible = torch.ones(n, end, dtype=torch.bool, device=q.device).tril(diagonal=start)  # (n, end)
-        o = F.scaled_dot_product_attention(queries, keys, values, attn_mask=visible, scale=scale, enable_gqa=True)
-        out[row : row + n] = o[0].transpose(0, 1)
+        out[row : row + n] = causal_attention(queries, keys, values, start, scale)[0].transpose(0, 1)
