@@ -1,0 +1,205 @@
+"""Timing on a machine that may be busy: the configurations being compared run interleaved and
+repeated, each comparison is the median of per-round ratios, and a guard says when the numbers
+cannot be trusted.
+
+    round 1:  A B C        each round runs every configuration once, back to back, in an order
+    round 2:  B C A        rotated from round to round; a ratio A/B is taken *within* a round
+    round 3:  C A B        (A and B ran seconds apart), and the median over rounds is quoted
+
+Other programs can only make a run slower, and they come and go: a burst that lands on one run of
+A spoils one round's ratio, not the median. What the median cannot survive is a machine that is
+busy all along, or so unevenly that the rounds disagree — the guard (`Trials.warning`) catches both:
+the CPU time other processes used while the rounds ran (`CpuUse`, read from the operating system),
+and comparisons whose rounds point different ways.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+import psutil
+import torch
+
+T = TypeVar("T")
+Metric = Callable[[T], float]  # reads a number (a time, a rate) out of one run's result
+
+# Other processes may keep this much of a core busy, on average, beyond the cores our threads leave free.
+SPARE_CORE_SLACK = 0.3
+# A comparison is only as good as its rounds: the same configuration may vary this much (max / min).
+MAX_SPREAD = 1.5
+
+
+@dataclass(frozen=True)
+class CpuUse:
+    """What the machine did while some code ran: wall time, and the CPU seconds of this process
+    (all its threads, its children and any `include`d process) against everyone else's."""
+
+    wall_s: float
+    ours_s: float
+    others_s: float
+    cores: int
+    threads: int  # the threads our work asks for (torch's intra-op threads)
+
+    @property
+    def others_cores(self) -> float:
+        """How many cores other programs kept busy, on average."""
+        return self.others_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def spare_cores(self) -> float:
+        """Cores our threads leave free: other programs may use those without slowing us."""
+        return max(self.cores - self.threads, 0)
+
+    @property
+    def busy(self) -> bool:
+        return self.others_cores > self.spare_cores + SPARE_CORE_SLACK
+
+    def describe(self) -> str:
+        return (f"other programs kept {self.others_cores:.1f} of this machine's {self.cores} cores busy "
+                f"(our {self.threads} threads needed {min(self.threads, self.cores)})")
+
+
+class CpuWatch:
+    """Measures the CPU use of a block: `with CpuWatch() as watch: ...`, then `watch.use`."""
+
+    def __init__(self, include: Iterable[int] = ()):
+        self.include = list(include)  # more process ids whose CPU counts as ours (a server we started)
+        self.use: CpuUse | None = None
+
+    def __enter__(self) -> CpuWatch:
+        self._start = (time.perf_counter(), _busy_seconds(), self._ours())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        wall0, busy0, ours0 = self._start
+        wall, busy, ours = time.perf_counter() - wall0, _busy_seconds() - busy0, self._ours() - ours0
+        self.use = CpuUse(wall, ours, max(busy - ours, 0.0), psutil.cpu_count() or 1, torch.get_num_threads())
+
+    def _ours(self) -> float:
+        me = psutil.Process(os.getpid())
+        procs = [me, *me.children(recursive=True)]
+        for pid in self.include:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                procs.append(psutil.Process(pid))
+        total = 0.0
+        for p in {p.pid: p for p in procs}.values():
+            with contextlib.suppress(psutil.Error):  # it ended meanwhile
+                t = p.cpu_times()
+                total += t.user + t.system
+        return total
+
+
+def _busy_seconds() -> float:
+    """CPU seconds every core of the machine has spent not idle, since boot."""
+    t = psutil.cpu_times()
+    return sum(getattr(t, name) for name in ("user", "nice", "system", "irq", "softirq", "steal") if hasattr(t, name))
+
+
+@dataclass(frozen=True)
+class PairedRatio:
+    """num / den within each round, and their median: `value`."""
+
+    num: str
+    den: str
+    per_round: tuple[float, ...]
+
+    @property
+    def value(self) -> float:
+        return statistics.median(self.per_round)
+
+    @property
+    def agrees(self) -> bool:
+        """Every round says the same: all above 1, or all below (a tie counts with either side)."""
+        return all(r >= 1 for r in self.per_round) or all(r <= 1 for r in self.per_round)
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec or ".2f")
+
+
+@dataclass
+class Trials(Generic[T]):
+    """Each configuration's results, one per round, and the machine's CPU use meanwhile."""
+
+    results: dict[str, list[T]]
+    cpu: CpuUse
+    rerun: str = "this cell"  # what to rerun once the machine is quiet
+    checked: list[PairedRatio] = field(default_factory=list)  # comparisons the warning looks at
+
+    @property
+    def rounds(self) -> int:
+        return len(next(iter(self.results.values())))
+
+    def values(self, name: str, metric: Metric | None = None) -> list[float]:
+        """`name`'s rounds, each read through `metric` (the results themselves when they are numbers)."""
+        return [(metric or float)(r) for r in self.results[name]]
+
+    def best(self, name: str, metric: Metric | None = None) -> float:
+        """The least disturbed round of `name`: the smallest value of a time-like metric."""
+        return min(self.values(name, metric))
+
+    def median(self, name: str, metric: Metric | None = None) -> float:
+        return statistics.median(self.values(name, metric))
+
+    def ratio(self, num: str, den: str, metric: Metric | None = None) -> PairedRatio:
+        """metric(num) / metric(den), round by round; the warning then checks that the rounds agree."""
+        ratio = PairedRatio(num, den, tuple(a / b for a, b in zip(self.values(num, metric), self.values(den, metric))))
+        self.checked.append(ratio)
+        return ratio
+
+    def spread(self, name: str, metric: Metric | None = None) -> float:
+        """max / min of `name`'s rounds: 1.0 when every round took the same."""
+        values = self.values(name, metric)
+        return max(values) / min(values) if min(values) > 0 else float("inf")
+
+    def problems(self, metric: Metric | None = None) -> list[str]:
+        """Why these numbers may mean nothing (empty when they hold): the machine was busy, a
+        comparison's rounds disagree, or (with `metric`) one configuration's rounds spread widely."""
+        found = []
+        if self.cpu.busy:
+            found.append(self.cpu.describe())
+        for r in self.checked:
+            if not r.agrees:
+                shown = ", ".join(f"{x:.2f}" for x in r.per_round)
+                found.append(f"{r.num} / {r.den} went both ways over the rounds ({shown})")
+        if metric is not None:
+            for name in self.results:
+                if self.spread(name, metric) > MAX_SPREAD:
+                    found.append(f"{name} varied {self.spread(name, metric):.1f}x from round to round")
+        return found
+
+    @property
+    def trustworthy(self) -> bool:
+        return not self.problems()
+
+    def warning(self, metric: Metric | None = None) -> str | None:
+        """The guard's words for the learner, or None when the numbers hold."""
+        found = self.problems(metric)
+        if not found:
+            return None
+        return ("⚠ The machine was too busy for this comparison to mean much: " + "; ".join(found) + ". "
+                f"Close other programs (a video call, a build, many browser tabs) and rerun {self.rerun}.")
+
+
+def interleaved(runs: Mapping[str, Callable[[], T]], rounds: int = 3, *, warmup: bool = False,
+                rerun: str = "this cell", include: Sequence[int] = ()) -> Trials[T]:
+    """Run every configuration once per round, rotating the order each round; `warmup` first runs
+    each once unrecorded. The machine's CPU use is watched over all the recorded rounds."""
+    if rounds < 1 or not runs:
+        raise ValueError(f"need at least one round and one configuration, got {rounds} rounds, {len(runs)} runs")
+    names = list(runs)
+    if warmup:
+        for name in names:
+            runs[name]()
+    results: dict[str, list[T]] = {name: [] for name in names}
+    with CpuWatch(include) as watch:
+        for r in range(rounds):
+            for name in names[r % len(names):] + names[: r % len(names)]:
+                results[name].append(runs[name]())
+    assert watch.use is not None
+    return Trials(results, watch.use, rerun)

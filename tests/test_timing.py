@@ -1,0 +1,74 @@
+"""minillm/timing.py: rounds interleave and rotate, ratios pair within a round, and the guard fires
+when other processes take the CPU or the rounds disagree."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from minillm.timing import CpuUse, CpuWatch, PairedRatio, Trials, interleaved
+from tests.cpu_hog import cpu_hog
+
+
+def test_rounds_rotate_the_order():
+    order = []
+    interleaved({name: (lambda n=name: order.append(n) or 1.0) for name in "ABC"}, rounds=3)
+    assert order == list("ABCBCACAB")
+
+
+def test_warmup_runs_each_once_unrecorded():
+    calls = itertools.count()
+    trials = interleaved({"A": lambda: float(next(calls))}, rounds=2, warmup=True)
+    assert trials.values("A") == [1.0, 2.0]
+
+
+def test_ratios_pair_within_a_round_and_quote_the_median():
+    trials = Trials({"A": [2.0, 4.0, 30.0], "B": [1.0, 2.0, 10.0]}, CpuUse(1, 1, 0, 2, 2))
+    ratio = trials.ratio("A", "B")
+    assert ratio.per_round == (2.0, 2.0, 3.0) and ratio.value == 2.0 and f"{ratio:.1f}" == "2.0"
+    assert trials.best("A") == 2.0 and trials.spread("B") == 10.0
+    assert trials.trustworthy and trials.warning() is None
+    assert "varied 10.0x" in trials.warning(metric=float)
+
+
+def test_a_comparison_that_goes_both_ways_is_flagged():
+    trials = Trials({"A": [1.0, 1.0, 1.0], "B": [0.8, 1.3, 0.9]}, CpuUse(1, 1, 0, 2, 2))
+    assert not trials.ratio("A", "B").agrees
+    warning = trials.warning()
+    assert "A / B went both ways over the rounds (1.25, 0.77, 1.11)" in warning and "rerun this cell" in warning
+
+
+@pytest.mark.parametrize(("others_s", "cores", "threads", "busy"),
+                         [(0.2, 2, 2, False), (0.4, 2, 2, True), (1.2, 4, 2, False), (2.5, 4, 2, True)])
+def test_busy_means_others_took_cores_our_threads_needed(others_s, cores, threads, busy):
+    assert CpuUse(wall_s=1.0, ours_s=1.0, others_s=others_s, cores=cores, threads=threads).busy is busy
+
+
+def test_paired_ratio_ties_agree_with_either_side():
+    assert PairedRatio("a", "b", (1.0, 1.2, 1.1)).agrees
+    assert not PairedRatio("a", "b", (0.9, 1.2)).agrees
+
+
+def _matmuls() -> float:
+    x = torch.randn(256, 256)
+    with CpuWatch():
+        for _ in range(30):
+            x = (x @ x).tanh()
+    return 1.0
+
+
+def test_the_watch_counts_our_own_threads_as_ours():
+    with CpuWatch() as watch:
+        _matmuls()
+    use = watch.use
+    assert use.ours_s > 0 and use.wall_s > 0 and use.cores >= 1 and use.threads == torch.get_num_threads()
+
+
+def test_under_a_cpu_hog_the_guard_fires():
+    with cpu_hog():
+        trials = interleaved({"A": _matmuls, "B": _matmuls}, rounds=3)
+    assert trials.cpu.busy, trials.cpu
+    assert trials.warning().startswith("⚠ The machine was too busy")
+    assert "other programs kept" in trials.warning()
