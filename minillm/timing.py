@@ -61,8 +61,9 @@ class CpuUse:
         return self.others_cores > self.spare_cores + SPARE_CORE_SLACK
 
     def describe(self) -> str:
-        return (f"other programs kept {self.others_cores:.1f} of this machine's {self.cores} cores busy "
-                f"(our {self.threads} threads needed {min(self.threads, self.cores)})")
+        needed = ("while our threads needed every core" if self.spare_cores == 0
+                  else f"more than the {self.spare_cores:g} our {self.threads} threads left free")
+        return f"other programs kept {self.others_cores:.1f} of this machine's {self.cores} cores busy, {needed}"
 
 
 class CpuWatch:
@@ -182,8 +183,9 @@ class Trials(Generic[T]):
         found = self.problems(metric)
         if not found:
             return None
-        return ("⚠ The machine was too busy for this comparison to mean much: " + "; ".join(found) + ". "
-                f"Close other programs (a video call, a build, many browser tabs) and rerun {self.rerun}.")
+        return ("⚠ Other work was running while this measured: " + "; ".join(found) + ". Timings taken now "
+                "can be off by a lot, either way: close other programs (a video call, a build, many browser tabs) "
+                f"and rerun {self.rerun}.")
 
 
 def interleaved(runs: Mapping[str, Callable[[], T]], rounds: int = 3, *, warmup: bool = False,

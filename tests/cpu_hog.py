@@ -10,7 +10,8 @@ import time
 from collections.abc import Iterator
 
 
-def _spin() -> None:
+def _spin(started) -> None:
+    started.release()
     while True:
         pass
 
@@ -19,10 +20,14 @@ def _spin() -> None:
 def cpu_hog(processes: int | None = None) -> Iterator[None]:
     """Busy-loop processes (default: one per core) for the duration of the block."""
     context = multiprocessing.get_context("spawn")  # no fork of a process that holds torch's threads
-    hogs = [context.Process(target=_spin, daemon=True) for _ in range(processes or os.cpu_count() or 1)]
+    started = context.Semaphore(0)
+    count = processes or os.cpu_count() or 1
+    hogs = [context.Process(target=_spin, args=(started,), daemon=True) for _ in range(count)]
     for hog in hogs:
         hog.start()
-    time.sleep(0.5)  # let them get going
+    for _ in hogs:  # every hog is spinning before the block starts
+        started.acquire(timeout=60)
+    time.sleep(0.2)
     try:
         yield
     finally:

@@ -53,9 +53,8 @@ def test_paired_ratio_ties_agree_with_either_side():
 
 def _matmuls() -> float:
     x = torch.randn(256, 256)
-    with CpuWatch():
-        for _ in range(30):
-            x = (x @ x).tanh()
+    for _ in range(300):
+        x = (x @ x).tanh()
     return 1.0
 
 
@@ -70,5 +69,5 @@ def test_under_a_cpu_hog_the_guard_fires():
     with cpu_hog():
         trials = interleaved({"A": _matmuls, "B": _matmuls}, rounds=3)
     assert trials.cpu.busy, trials.cpu
-    assert trials.warning().startswith("⚠ The machine was too busy")
+    assert trials.warning().startswith("⚠ Other work was running while this measured")
     assert "other programs kept" in trials.warning()

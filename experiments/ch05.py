@@ -1,0 +1,77 @@
+"""Chapter 5's live experiment: requests that share a system prompt, served by chapter 4's engine
+(no prefix cache) and by chapter 5's (prefix cache on), interleaved round by round, with their
+median TTFT compared within each round."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from experiments import Finding
+from minillm import LLM, EngineConfig, SamplingParams
+from minillm.engine import LLMEngine, RequestOutput
+from minillm.metrics import percentile
+from minillm.timing import interleaved
+
+CHAPTER_4 = EngineConfig(kv="paged", block_size=16, max_num_seqs=16, max_model_len=1024)
+CHAPTER_5 = EngineConfig(kv="paged", block_size=16, max_num_seqs=16, max_model_len=1024, prefix_cache=True)
+
+
+@dataclass
+class Served:
+    """One run: the engine (its trace) and the requests' outputs, in arrival order."""
+
+    engine: LLMEngine
+    outputs: list[RequestOutput]
+
+    @property
+    def ttft_p50(self) -> float:
+        return percentile([o.metrics.ttft for o in self.outputs], 50)
+
+
+def serve(config: EngineConfig, prompts: list[list[int]], new_tokens: int = 16) -> Served:
+    """A request arrives every second engine step, as a server's would; each generates exactly
+    `new_tokens` greedy tokens."""
+    params = SamplingParams(temperature=0, max_new_tokens=new_tokens, ignore_eos=True)
+    engine = LLM(config=config).engine
+    ids = []
+    for prompt in prompts:
+        ids.append(engine.add_request(prompt, params).request_id)
+        engine.step()
+        engine.step()
+    while engine.has_unfinished():
+        engine.step()
+    return Served(engine, [engine.output(i) for i in ids])
+
+
+def prefix_cache_ttft(prompts: list[list[int]], rounds: int = 3) -> Finding:
+    """Chapter 4's and chapter 5's engines on the same `prompts`, `rounds` times each, alternating.
+    numbers: the median TTFT of each engine's least disturbed round, the per-round speedups, and
+    each engine's last run ("chapter 4", "chapter 5": a `Served`)."""
+    trials = interleaved({"chapter 4": lambda: serve(CHAPTER_4, prompts),
+                          "chapter 5": lambda: serve(CHAPTER_5, prompts)}, rounds, rerun="this cell")
+    runs = [run for results in trials.results.values() for run in results]
+    tokens = [o.token_ids for o in runs[0].outputs]
+    assert all([o.token_ids for o in run.outputs] == tokens for run in runs), "the prefix cache changed a token"
+    ttft = lambda served: served.ttft_p50  # noqa: E731
+    speedup = trials.ratio("chapter 4", "chapter 5", ttft)
+    without, with_cache = trials.best("chapter 4", ttft), trials.best("chapter 5", ttft)
+    holds = speedup.value > 1 and speedup.agrees
+    rounds_text = ", ".join(f"{r:.1f}x" for r in speedup.per_round)
+    if holds:
+        text = (f"Median TTFT {without * 1e3:.0f} ms without the cache, {with_cache * 1e3:.0f} ms with it (each the "
+                f"least disturbed of {rounds} runs). Round by round, where the two ran back to back, the cache "
+                f"brought the first token {speedup:.1f}x sooner (the median of {rounds_text}).")
+    else:
+        text = (f"Here the cache did not bring the first token sooner in every round: median TTFT "
+                f"{without * 1e3:.0f} ms without it, {with_cache * 1e3:.0f} ms with it, ratios {rounds_text}. It "
+                f"computed {_computed(trials.results['chapter 5'][-1])} prompt tokens instead of "
+                f"{_computed(trials.results['chapter 4'][-1])}: it did less work, so something else took the "
+                f"time. If no warning follows, rerun the cell.")
+    numbers = {"ttft_without_s": without, "ttft_with_s": with_cache, "speedup": speedup.value,
+               "chapter 4": trials.results["chapter 4"][-1], "chapter 5": trials.results["chapter 5"][-1]}
+    return Finding(text, holds, numbers, trials)
+
+
+def _computed(served: Served) -> int:
+    """Prompt tokens the engine ran through the model (a cache hit's tokens are not among them)."""
+    return sum(len(o.prompt_token_ids) - o.num_cached_tokens for o in served.outputs)
