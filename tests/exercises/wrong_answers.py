@@ -638,6 +638,104 @@ def acceptance_without_a_bonus(drafted, p, q, uniforms, draw):
         if q_i[guess] > 0 and uniforms[i] < min(1.0, p[i][guess] / q_i[guess]):
             kept.append(guess)
             continue
+# ----------------------------------------------------------------------------- ch06.choose_chunk
+
+
+def _steps(cost, contexts, prompt_len, size, decodes=True, prefix=True, grow=True):
+    """The solution's step times, with one of its terms switchable off (a wrong answer's mistake)."""
+    p0, p1, p2 = cost
+    times, start, step = [], 0, 0
+    while start < prompt_len:
+        n = min(size, prompt_len - start)
+        riding = contexts if decodes else []
+        pairs = sum(c + (step if grow else 0) for c in riding) + (n * start if prefix else 0) + n * (n + 1) // 2
+        times.append(p0 + p1 * (len(riding) + n) + p2 * pairs)
+        start, step = start + n, step + 1
+    return times
+
+
+def _earliest(within):
+    """The solution's choice among {size: its step times} within the target."""
+    if not within:
+        return None
+    return min(within, key=lambda size: (sum(within[size]), max(within[size]), size))
+
+
+@wrong("ch06.choose_chunk", "The decodes ride along in every step")
+def choose_chunk_without_the_decodes(cost, decode_contexts, prompt_len, itl_target, sizes):
+    within = {}
+    for size in sizes:
+        times = _steps(cost, decode_contexts, prompt_len, size, decodes=False)  # WRONG: the prompt's chunk alone
+        if max(times) <= itl_target:
+            within[size] = times
+    return _earliest(within)
+
+
+@wrong("ch06.choose_chunk", "A later chunk attends to every prompt token before it")
+def choose_chunk_as_if_every_chunk_started_the_prompt(cost, decode_contexts, prompt_len, itl_target, sizes):
+    within = {}
+    for size in sizes:
+        times = _steps(cost, decode_contexts, prompt_len, size, prefix=False)  # WRONG: n(n+1)/2 pairs, not n·s more
+        if max(times) <= itl_target:
+            within[size] = times
+    return _earliest(within)
+
+
+@wrong("ch06.choose_chunk", "Every step counts, not only the last")
+def choose_chunk_checking_only_the_last_step(cost, decode_contexts, prompt_len, itl_target, sizes):
+    within = {}
+    for size in sizes:
+        times = _steps(cost, decode_contexts, prompt_len, size)
+        if times[-1] <= itl_target:  # WRONG: the last chunk is the latest, but may be short
+            within[size] = times
+    return _earliest(within)
+
+
+@wrong("ch06.choose_chunk", "The earliest first token among the sizes within the target")
+def choose_chunk_smallest_within(cost, decode_contexts, prompt_len, itl_target, sizes):
+    within = [size for size in sizes if max(_steps(cost, decode_contexts, prompt_len, size)) <= itl_target]
+    return min(within) if within else None  # WRONG: the smoothest steps, and the latest first token
+
+
+@wrong("ch06.choose_chunk", "Sizes with the same first-token time: the one whose heaviest step is lightest")
+def choose_chunk_largest_within(cost, decode_contexts, prompt_len, itl_target, sizes):
+    within = [size for size in sizes if max(_steps(cost, decode_contexts, prompt_len, size)) <= itl_target]
+    return max(within) if within else None  # WRONG: a larger size can need as many steps, and be heavier
+
+
+@wrong("ch06.choose_chunk", "Sizes with the same first-token time: the one whose heaviest step is lightest")
+def choose_chunk_smallest_of_the_tied(cost, decode_contexts, prompt_len, itl_target, sizes):
+    within = {}
+    for size in sizes:
+        times = _steps(cost, decode_contexts, prompt_len, size)
+        if max(times) <= itl_target:
+            within[size] = times
+    if not within:
+        return None
+    earliest = min(sum(times) for times in within.values())
+    return min(size for size, times in within.items() if sum(times) == earliest)  # WRONG: smaller is not lighter
+
+
+@wrong("ch06.choose_chunk", "A step exactly at the target is within it")
+def choose_chunk_strictly_below(cost, decode_contexts, prompt_len, itl_target, sizes):
+    within = {}
+    for size in sizes:
+        times = _steps(cost, decode_contexts, prompt_len, size)
+        if max(times) < itl_target:  # WRONG: at the target is within it
+            within[size] = times
+    return _earliest(within)
+
+
+@wrong("ch06.choose_chunk", "A decode's context grows by one every step")
+def choose_chunk_with_fixed_contexts(cost, decode_contexts, prompt_len, itl_target, sizes):
+    within = {}
+    for size in sizes:
+        times = _steps(cost, decode_contexts, prompt_len, size, grow=False)  # WRONG: contexts stay where they were
+        if max(times) <= itl_target:
+            within[size] = times
+    return _earliest(within)
+
+
         residual = [max(0.0, a - b) for a, b in zip(p[i], q_i)]
         total = sum(residual)
         return kept + [draw([r / total for r in residual] if total > 0 else list(p[i]))]
