@@ -1,5 +1,6 @@
-"""Chapter 5's cases: `ch05.block_keys` (chained block keys) and `ch05.evict` (LRU eviction of
-cached blocks)."""
+"""Chapter 5's cases: `ch05.block_keys` (chained block keys), `ch05.evict` (LRU eviction of cached
+blocks) and `ch05.reusable_blocks` (which cached blocks a request may reuse, with a hash that may
+collide)."""
 
 from __future__ import annotations
 
@@ -243,3 +244,125 @@ def matches_the_engines_block_pool_on_random_operations(cls: type) -> None:
                 a.do(None, "release", block)
             a.expect_state(list(pool.free_queue), list(pool.evictable), list(pool.ref_counts),
                            set(pool.cache.by_block), "as minillm's BlockPool")
+
+
+# ----------------------------------------------------------------------------- ch05.reusable_blocks
+
+reusable = exercise("ch05.reusable_blocks", "ch05_reusable_blocks", "reusable_blocks")
+
+Cache = dict[int, tuple[int, tuple[int, ...], int | None]]
+
+
+def chained(parent: int | None, tokens: tuple[int, ...]) -> int:
+    """A good hash: chapter 5's chained key."""
+    return hash((parent, tokens, ()))
+
+
+def always_42(parent: int | None, tokens: tuple[int, ...]) -> int:
+    """The worst hash: every block collides with every other."""
+    return 42
+
+
+def tokens_only(parent: int | None, tokens: tuple[int, ...]) -> int:
+    """A hash that forgets the chain: the same tokens after different beginnings collide."""
+    return hash(tokens)
+
+
+def _cache_of(blocks: list[tuple[int, tuple[int, ...], int | None]], key_fn: Callable) -> Cache:
+    """The cache holding `blocks` (block id, tokens, parent block id), keyed as a real cache would key
+    them: each chained through its parent's key."""
+    keys: dict[int, int] = {}
+    cache: Cache = {}
+    for block_id, tokens, parent in blocks:
+        keys[block_id] = key_fn(keys.get(parent) if parent is not None else None, tokens)
+        cache.setdefault(keys[block_id], (block_id, tokens, parent))
+    return cache
+
+
+def _expect_blocks(fn: Callable, token_ids: list[int], block_size: int, cache: Cache, key_fn: Callable,
+                   want: list[int], why: str) -> None:
+    shown = ", ".join(f"{k if abs(k) < 1000 else '<key>'}: {v}" for k, v in cache.items())  # long keys: unreadable
+    given = f"reusable_blocks({token_ids}, block_size={block_size}, cache={{{shown}}}, key_fn={key_fn.__name__})"
+    got = call(given, f"{want} ({why})", fn, list(token_ids), block_size, dict(cache), key_fn)
+    expect(isinstance(got, list) and got == want, given, f"{want} ({why})", repr(got))
+
+
+@reusable.case
+def reuses_the_longest_run_of_leading_cached_blocks(fn: Callable) -> None:
+    """Reuses the longest run of leading cached blocks."""
+    cache = _cache_of([(7, (1, 2), None), (3, (3, 4), 7), (5, (5, 6), 3)], chained)
+    _expect_blocks(fn, [1, 2, 3, 4, 9], 2, cache, chained, [7, 3], "blocks (1, 2) and (3, 4) are cached; 9 is new")
+    _expect_blocks(fn, [8, 8, 3, 4, 5], 2, cache, chained, [], "the first block differs, so nothing after it fits")
+
+
+@reusable.case
+def stops_at_the_first_miss(fn: Callable) -> None:
+    """Stops at the first miss: a block after a miss is never reused."""
+    cache = _cache_of([(7, (1, 2), None), (5, (5, 6), 7)], tokens_only)
+    _expect_blocks(fn, [1, 2, 0, 0, 5, 6, 1], 2, cache, tokens_only, [7],
+                   "(0, 0) is a miss; the cached (5, 6) came right after (1, 2), here (0, 0) comes between")
+
+
+@reusable.case
+def a_colliding_key_with_other_tokens_is_a_miss(fn: Callable) -> None:
+    """A key that collides with other tokens is a miss, not someone else's K/V."""
+    cache = _cache_of([(4, (9, 9), None)], always_42)
+    _expect_blocks(fn, [1, 2, 3], 2, cache, always_42, [], "key 42 holds (9, 9), not (1, 2)")
+    _expect_blocks(fn, [9, 9, 3], 2, cache, always_42, [4], "key 42 holds (9, 9) with nothing before: a real hit")
+
+
+@reusable.case
+def the_same_tokens_after_a_different_beginning_are_a_miss(fn: Callable) -> None:
+    """The same tokens after a different beginning are a miss: the block before must be this request's too."""
+    cache = _cache_of([(1, (5, 5), None), (6, (7, 7), None), (2, (8, 8), 6)], tokens_only)
+    _expect_blocks(fn, [5, 5, 8, 8, 0], 2, cache, tokens_only, [1],
+                   "(8, 8) is cached after (7, 7) — block 6 — not after (5, 5)")
+
+
+@reusable.case
+def at_least_one_token_is_left_to_compute(fn: Callable) -> None:
+    """At least one token is left to compute, even when every block is cached."""
+    cache = _cache_of([(7, (1, 2), None), (3, (3, 4), 7)], chained)
+    _expect_blocks(fn, [1, 2, 3, 4], 2, cache, chained, [7],
+                   "all 4 tokens are cached: the last block is computed again, for its logits")
+    _expect_blocks(fn, [1, 2, 3, 4, 0], 2, cache, chained, [7, 3], "token 0 is left to compute")
+    _expect_blocks(fn, [1, 2], 2, cache, chained, [], "one block only: it is the one computed")
+
+
+@reusable.case
+def fewer_tokens_than_a_block_reuse_nothing(fn: Callable) -> None:
+    """Fewer tokens than a block, or none, reuse nothing."""
+    cache = _cache_of([(7, (1, 2), None)], chained)
+    _expect_blocks(fn, [1], 2, cache, chained, [], "one token: no full block")
+    _expect_blocks(fn, [], 2, cache, chained, [], "no tokens")
+
+
+@reusable.case
+def the_inputs_are_left_unchanged(fn: Callable) -> None:
+    """The inputs are left as they were."""
+    cache = _cache_of([(7, (1, 2), None)], chained)
+    tokens, before = [1, 2, 3], dict(cache)
+    call("reusable_blocks([1, 2, 3], 2, cache, chained)", "no error", fn, tokens, 2, cache, chained)
+    expect(tokens == [1, 2, 3] and cache == before, "reusable_blocks([1, 2, 3], 2, cache, chained)",
+           "the token list and the cache unchanged",
+           f"tokens {tokens}, cache {'unchanged' if cache == before else cache}")
+
+
+@reusable.case
+def matches_the_engines_prefix_cache_with_colliding_hashes(fn: Callable) -> None:
+    """Matches minillm's BlockPool.find_cached on random prompts, for each of the three hashes."""
+    from minillm.kv.block_pool import BlockPool
+
+    rng = random.Random(11)
+    for key_fn in (chained, always_42, tokens_only):
+        pool = BlockPool(64, 2, prefix_cache=True, key_fn=lambda parent, tokens, extra, f=key_fn: f(parent, tokens))
+        for r in range(12):  # requests from a small alphabet: shared beginnings, repeats, collisions
+            tokens = [rng.randint(0, 2) for _ in range(rng.randint(1, 9))]
+            cache = {e.key: (e.block_id, e.token_ids, e.parent.block_id if e.parent else None)
+                     for e in pool.cache.by_block.values()}
+            want = [e.block_id for e in pool.find_cached(tokens)]
+            _expect_blocks(fn, tokens, 2, cache, key_fn, want, "what minillm's prefix cache finds")
+            hit = pool.find_cached(tokens)
+            pool.allocate(str(r), len(tokens), hit)
+            pool.cache_full_blocks(str(r), tokens, len(tokens))
+            pool.free(str(r))
