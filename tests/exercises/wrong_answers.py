@@ -540,6 +540,46 @@ class ReleasesOnFirstHolder(EvictingAllocator):
         (self.evictable if block in self.cached else self.free_queue).append(block)
 
 
+# ----------------------------------------------------------------------------- ch05.reusable_blocks
+
+
+def _reusable(token_ids, block_size, cache, key_fn, *, tokens=True, parent=True, stop=True, leave_one=True):
+    found, key = [], None
+    limit = (len(token_ids) - 1) // block_size if leave_one else len(token_ids) // block_size
+    for start in range(0, limit * block_size, block_size):
+        block = tuple(token_ids[start : start + block_size])
+        key = key_fn(key, block)
+        entry = cache.get(key)
+        before = found[-1] if found else None
+        ok = entry is not None and (not tokens or entry[1] == block) and (not parent or entry[2] == before)
+        if not ok:
+            if stop:
+                break
+            continue
+        found.append(entry[0])
+    return found
+
+
+@wrong("ch05.reusable_blocks", "A key that collides with other tokens is a miss")
+def reusable_trusts_the_key(token_ids, block_size, cache, key_fn):
+    return _reusable(token_ids, block_size, cache, key_fn, tokens=False)  # WRONG: the key alone decides
+
+
+@wrong("ch05.reusable_blocks", "the block before must be this request's too")
+def reusable_ignores_the_block_before(token_ids, block_size, cache, key_fn):
+    return _reusable(token_ids, block_size, cache, key_fn, parent=False)  # WRONG: same tokens, any beginning
+
+
+@wrong("ch05.reusable_blocks", "At least one token is left to compute")
+def reusable_takes_every_cached_block(token_ids, block_size, cache, key_fn):
+    return _reusable(token_ids, block_size, cache, key_fn, leave_one=False)  # WRONG: nothing left for logits
+
+
+@wrong("ch05.reusable_blocks", "Stops at the first miss")
+def reusable_skips_a_miss(token_ids, block_size, cache, key_fn):
+    return _reusable(token_ids, block_size, cache, key_fn, stop=False)  # WRONG: a block after a hole
+
+
 # ----------------------------------------------------------------------------- ch06.chunked_step
 
 
