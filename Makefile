@@ -26,14 +26,15 @@ NB ?= chapters/*.ipynb
 
 .PHONY: lab test unit notebooks lint demo grade execute clean
 
-$(STAMP): pyproject.toml Makefile scripts/jupyterlab_overrides.json
+$(STAMP): pyproject.toml Makefile scripts/jupyterlab_overrides.json scripts/jupyter_server_config.json
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	PYTHONWARNINGS=ignore $(PY) -m pip install -q -e ".[course,serve,dev]"  # quiet: setuptools warns about editable installs
 	$(PY) -m ipykernel install --sys-prefix --name minillm --display-name "minillm (.venv)"
-	mkdir -p $(VENV)/share/jupyter/lab/settings
-	cp scripts/jupyterlab_overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
+	mkdir -p $(VENV)/share/jupyter/lab/settings $(VENV)/etc/jupyter
+	cp scripts/jupyterlab_overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json  # widget state saved
+	cp scripts/jupyter_server_config.json $(VENV)/etc/jupyter/jupyter_server_config.json  # ...and kept (widgets/save_hook.py)
 	touch $(STAMP)
 
 lab: $(STAMP)
@@ -51,6 +52,7 @@ unit: $(STAMP)
 execute: $(STAMP)
 	$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.timeout=600 \
 		--ExecutePreprocessor.kernel_name=minillm --ExecutePreprocessor.store_widget_state=True $(NB)
+	$(PY) -m widgets.save_hook $(NB)  # the widget state as JupyterLab's save keeps it (widgets/save_hook.py)
 
 notebooks: $(STAMP)
 	$(PY) -m pytest chapters $(NBVAL)

@@ -1,21 +1,28 @@
 """Every chapter, walked in a real browser as a learner's first hour would: JupyterLab (started as
-`make lab` starts it, after `jupyter trust chapters/*.ipynb`) in headless Chromium opens the chapter,
-and the test checks, per chapter (one test each, for every notebook in chapters/):
+`make lab` starts it, after `jupyter trust chapters/*.ipynb`, with the course's settings: widget
+state saved with the notebook, and the pre-save hook of widgets/save_hook.py) in headless Chromium
+opens a working copy of the chapter (test-artifacts/walk/, so the committed file is never
+written), and the test checks, per chapter (one test each, for every notebook in chapters/):
 
   1. the kernel JupyterLab started is the course's, "minillm (.venv)" (the notebook's toolbar);
-  2. before anything runs: no output shows a widget's raw Python repr (`SlotTimeline(children=…`),
-     and every saved animated widget shows a picture (the widget's svg, or its still picture);
-  3. Run All runs every code cell (each gets an execution count in this session) and no cell
+  2. before anything runs: no output shows a widget's raw Python repr (`SlotTimeline(children=…`)
+     or "Error displaying widget", and every saved animated widget shows a picture (the widget's
+     svg, or its still picture);
+  3. saving right away (as JupyterLab's autosave would) writes the chapter back unchanged, byte
+     for byte: the saved widgets are kept although the kernel holds none of them yet;
+  4. Run All runs every code cell (each gets an execution count in this session) and no cell
      shows an error;
-  4. after running: still no raw repr, every animated widget (a Play button beside an
+  5. after running: still no raw repr, every animated widget (a Play button beside an
      `svg[data-step]`, e.g. svg.slot-timeline, svg.kv-memory) moves when Play is pressed, and one
      quiz question answers back when its options are clicked;
-  5. the notebook is closed with "Discard", and the committed .ipynb is byte-identical afterwards
-     (autosave is off in the test's own JupyterLab settings, so nothing is written while it runs).
+  6. saved, then reopened twice — with its kernel still running, then after the kernel was shut
+     down — every widget output renders as a live widget (never "model not found"), animated ones
+     with their svg, and the saved file gives every widget output its model;
+  7. the committed .ipynb is byte-identical afterwards.
 
-Screenshots (<chapter>-before-run.png, -animation.png, <chapter>.png at the end, -failure.png) and a
-summary (<chapter>.json) go to test-artifacts/, with JupyterLab's log (jupyterlab.log).
-MINILLM_BROWSER_RUN_TIMEOUT: seconds Run All may take per chapter (default 600).
+Screenshots (<chapter>-before-run.png, -animation.png, -reopened.png, <chapter>.png at the end,
+-failure.png) and a summary (<chapter>.json) go to test-artifacts/, with JupyterLab's log
+(jupyterlab.log). MINILLM_BROWSER_RUN_TIMEOUT: seconds Run All may take per chapter (default 600).
 Skipped, saying so, where Chromium or Playwright is missing — unless MINILLM_REQUIRE_BROWSER=1
 (CI, .ci/run), where that is a failure. Chromium: $MINILLM_CHROMIUM, else `chromium` on PATH.
 """
@@ -41,6 +48,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
+WALK = ARTIFACTS / "walk"  # the working copies the browser opens and saves
 PROBE_JS = Path(__file__).with_name("lab_probe.js")
 CHAPTERS = sorted((REPO / "chapters").glob("*.ipynb"))
 COURSE_KERNEL = "minillm (.venv)"  # the display name `make lab` installs the course's kernel under
@@ -88,8 +96,9 @@ pytestmark = [
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-# The test's own JupyterLab user settings: no autosave (the committed notebooks must not change while
-# a chapter runs) and no news toasts over the toolbar. Everything else is JupyterLab's default.
+# The test's own JupyterLab user settings: no autosave (the test saves when it means to) and no news
+# toasts over the toolbar. Everything else is what `make lab` installs (scripts/jupyterlab_overrides.json,
+# scripts/jupyter_server_config.json) or JupyterLab's default.
 LAB_SETTINGS = {
     "@jupyterlab/docmanager-extension/plugin.jupyterlab-settings": {"autosave": False},
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false",
@@ -158,7 +167,8 @@ def lab(tmp_path_factory):
     cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
            "--ServerApp.port_retries=0", f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={REPO}",
            "--LabApp.default_url=/lab/tree/chapters/00_setup.ipynb",
-           f"--LabApp.user_settings_dir={settings}", f"--LabApp.workspaces_dir={home / 'workspaces'}"]
+           f"--LabApp.user_settings_dir={settings}", f"--LabApp.workspaces_dir={home / 'workspaces'}",
+           "--LabApp.expose_app_in_browser=True"]  # window.jupyterapp: the test runs JupyterLab's own commands
     if os.geteuid() == 0:
         cmd.append("--allow-root")  # as the Makefile does: containers and cloud machines often run as root
     with log.open("w") as out:
@@ -360,7 +370,7 @@ def _describe(outputs: list[dict]) -> str:
     return "; ".join(f"{o['mime'] or 'a widget view'}: {o['text'][:80]!r}" for o in outputs) or "no output at all"
 
 
-def _check_saved_pictures(walk: Walk) -> None:
+def _check_saved_pictures(walk: Walk, when: str = "before running") -> None:
     """Before running: every saved widget renders (waiting for it: saved widgets render once the kernel
     session is ready), every saved animated one shows its svg (widget or still), no output a raw repr."""
     want = sorted(set(walk.saved.animated))
@@ -382,28 +392,67 @@ def _check_saved_pictures(walk: Walk) -> None:
         outs = cells[i]["outputs"] if i < len(cells) else []
         if not any(o["visibleStep"] is not None for o in outs):
             shown = _describe(outs)
-            walk.problem(f"before running: the saved animated widget of {walk.cell_name(i, cells)} shows no picture "
+            walk.problem(f"{when}: the saved animated widget of {walk.cell_name(i, cells)} shows no picture "
                          f"(no visible svg[data-step] after {PICTURE_TIMEOUT_S} s) — it shows {shown}")
         else:
             how = "the widget" if any(o["widget"] for o in outs) else "the still picture"
-            walk.notes.append(f"before running, cell {i + 1}'s saved animation rendered as {how}")
+            walk.notes.append(f"{when}, cell {i + 1}'s saved animation rendered as {how}")
     for i in sorted(set(walk.saved.widgets) - set(want)):
         outs = cells[i]["outputs"] if i < len(cells) else []
         if not any(o["widget"] or o["still"] for o in outs):
             shown = _describe(outs)
-            walk.problem(f"before running: the saved widget of {walk.cell_name(i, cells)} did not render — "
+            walk.problem(f"{when}: the saved widget of {walk.cell_name(i, cells)} did not render — "
                          f"it shows {shown}")
-    _check_outputs_show_no_repr(walk, cells, "before running")
+    _check_outputs_show_no_repr(walk, cells, when)
 
 
-def _check_opening_changes_nothing(walk: Walk) -> None:
-    """Opening a chapter must not mark it modified: JupyterLab's autosave would then write it back, and
-    with the widget manager's "save widget state" on, it writes the saved widgets away (their models are
-    replaced by the kernel's, which has none yet)."""
-    dirty = walk.page.evaluate("() => !!document.querySelector('.lm-TabBar-tab.lm-mod-current.jp-mod-dirty')")
-    if dirty:
-        walk.problem("opening the chapter marked it modified (●) before anything ran: autosave would overwrite "
-                     "its saved widget state")
+def _save(walk: Walk, path: Path) -> None:
+    """File ▸ Save, as the learner's Ctrl+S or JupyterLab's autosave would; wait until it is on disk."""
+    before = path.stat().st_mtime_ns
+    walk.page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+    saved = walk.wait(lambda: path.stat().st_mtime_ns != before and not walk.page.evaluate(
+        "() => !!document.querySelector('.lm-TabBar-tab.lm-mod-current.jp-mod-dirty')"), 60)
+    if not saved:
+        dialogs = walk.page.evaluate("() => window.__minillm.dialogs()")
+        walk.fail(f"saving did not reach the disk within 60 s (dialogs: {dialogs})")
+
+
+def _check_saving_at_once_changes_nothing(walk: Walk, copy: Path) -> None:
+    """Saved before anything ran — the kernel holds none of the saved widgets yet — the chapter must
+    come back byte for byte (the pre-save hook keeps the saved widgets' models)."""
+    _save(walk, copy)
+    if copy.read_bytes() != walk.chapter.read_bytes():
+        lost = _widget_outputs_without_models(copy)
+        walk.problem("saving right after opening changed the notebook on disk"
+                     + (f": {len(lost)} widget output(s) lost their saved model, e.g. cell {lost[0] + 1}" if lost
+                        else " (its widgets are all still there: something else in the file changed)"))
+
+
+def _widget_outputs_without_models(path: Path) -> list[int]:
+    """Cells of the notebook file whose widget output refers to a model its saved state lacks."""
+    nb = json.loads(path.read_text())
+    state = nb.get("metadata", {}).get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
+    models = state.get("state", {})
+    return [i for i, cell in enumerate(nb["cells"]) for out in cell.get("outputs", [])
+            if (view := out.get("data", {}).get("application/vnd.jupyter.widget-view+json"))
+            and view.get("model_id") not in models]
+
+
+def _check_reopened(walk: Walk, lab: Lab, rel: str, how: str) -> None:
+    """Reopen the saved copy (a fresh page: a learner coming back to it) and check its widgets: each
+    saved widget output renders as a live widget (never "model not found", never only the still),
+    each animated one with its svg, no raw repr."""
+    _open(walk, lab, rel)
+    _check_kernel(walk, lab, rel)
+    walk.saved = _read_saved(WALK / Path(rel).name)
+    _check_saved_pictures(walk, when=f"reopened {how}")
+    cells = walk.cells()
+    for i in walk.saved.widgets:
+        outs = cells[i]["outputs"] if i < len(cells) else []
+        if not any(o["widget"] for o in outs):
+            walk.problem(f"reopened {how}: {walk.cell_name(i, cells)} shows no live widget — "
+                         f"it shows {_describe(outs)}")
+    walk.notes.append(f"reopened {how}: {len(walk.saved.widgets)} widget outputs checked")
 
 
 def _run_all(walk: Walk) -> list[dict]:
@@ -547,8 +596,9 @@ def _check_quiz(walk: Walk) -> None:
     walk.notes.append("quiz answered back")
 
 
-def _close_discarding(walk: Walk, lab: Lab, rel: str) -> None:
-    """Close the notebook's tab, choosing "Discard" if JupyterLab asks to save; shut its kernel down."""
+def _close(walk: Walk, lab: Lab, rel: str, shut_down: bool = True) -> None:
+    """Close the notebook's tab, choosing "Discard" if JupyterLab asks to save; with `shut_down`, shut
+    its kernel down too (else the kernel keeps running, as when a learner closes a tab)."""
     page = walk.page
     tab = page.locator("#jp-main-dock-panel .lm-TabBar-tab", has=page.locator(".lm-TabBar-tabLabel",
                                                                               has_text=walk.chapter.name))
@@ -564,6 +614,8 @@ def _close_discarding(walk: Walk, lab: Lab, rel: str) -> None:
             page.wait_for_selector("#jp-main-dock-panel .jp-NotebookPanel", state="detached", timeout=15_000)
     except PlaywrightError as exc:
         walk.notes.append(f"closing the tab: {str(exc).splitlines()[0]}")
+    if not shut_down:
+        return
     try:
         for s in lab.sessions_for(rel):
             lab.api("DELETE", f"/api/sessions/{s['id']}")  # its kernel too: the next chapter gets the CPU
@@ -571,17 +623,31 @@ def _close_discarding(walk: Walk, lab: Lab, rel: str) -> None:
         walk.notes.append(f"shutting its kernel down: {exc}")
 
 
-def _saved_by_lab(lab: Lab, rel: str) -> bool:
-    return any("Saving file at" in ln and rel in ln for ln in lab.log.read_text(errors="replace").splitlines())
+def _check_save_and_reopen(walk: Walk, lab: Lab, rel: str, copy: Path) -> None:
+    """Saved after Run All, the file gives every widget output its model; reopened with the kernel
+    still running, then after it was shut down, every widget renders."""
+    _save(walk, copy)
+    lost = _widget_outputs_without_models(copy)
+    if lost:
+        walk.problem(f"saved after Run All: {len(lost)} widget output(s) refer to a model the file does not "
+                     f"store, e.g. cell {lost[0] + 1} — reopened, it would show 'model not found'")
+    _close(walk, lab, rel, shut_down=False)
+    _check_reopened(walk, lab, rel, "with its kernel running")
+    _close(walk, lab, rel, shut_down=True)
+    _check_reopened(walk, lab, rel, "after its kernel was shut down")
+    walk.shot("-reopened")
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=[c.stem for c in CHAPTERS])
 def test_chapter_in_jupyterlab(lab, browser, chapter: Path):
-    rel = chapter.relative_to(REPO).as_posix()
     for pattern in (f"{chapter.stem}.*", f"{chapter.stem}-*.png"):  # what an earlier run left for this chapter
         for old in ARTIFACTS.glob(pattern):
             old.unlink()
-    _trust([chapter])  # as `make lab` does (again now: the chapter may have changed since the server started)
+    WALK.mkdir(parents=True, exist_ok=True)
+    copy = WALK / chapter.name  # the browser opens, runs and saves this copy, never the committed chapter
+    shutil.copyfile(chapter, copy)
+    rel = copy.relative_to(REPO).as_posix()
+    _trust([chapter, copy])  # as `make lab` does (again now: the chapter may have changed since the server started)
     digest = _sha256(chapter)
     walk = Walk(None, chapter, _read_saved(chapter))
     context = browser.new_context(viewport={"width": 1500, "height": 1000})
@@ -593,30 +659,32 @@ def test_chapter_in_jupyterlab(lab, browser, chapter: Path):
         _open(walk, lab, rel)
         _check_kernel(walk, lab, rel)
         _check_saved_pictures(walk)
-        _check_opening_changes_nothing(walk)
+        _check_saving_at_once_changes_nothing(walk, copy)
         walk.shot("-before-run")
         cells = _run_all(walk)
         _check_ran_cleanly(walk, cells)
         _check_animations(walk)
         _check_quiz(walk)
         walk.shot()
+        if walk.saved.widgets:
+            _check_save_and_reopen(walk, lab, rel, copy)
     except _Stop:
         pass
     except PlaywrightError as exc:
         walk.shot("-failure")
         walk.problem(f"the browser: {str(exc).splitlines()[0]}")
     finally:
-        _close_discarding(walk, lab, rel)
+        _close(walk, lab, rel)
         context.close()
     if _sha256(chapter) != digest:
-        who = ("JupyterLab saved it (see test-artifacts/jupyterlab.log)" if _saved_by_lab(lab, rel)
-               else "JupyterLab's log shows no save: did someone edit it while the test ran?")
-        walk.problem(f"{rel} changed on disk during the test — {who}")
+        walk.problem(f"{chapter.relative_to(REPO)} changed on disk during the test — the browser worked on a copy: "
+                     "did someone edit it while the test ran?")
     seconds = time.time() - t0
     print(f"\n{walk.name}: {seconds:.0f} s; " + "; ".join(walk.notes)
           + "".join(f"\n  PROBLEM {p}" for p in walk.problems))
     (ARTIFACTS / f"{walk.name}.json").write_text(json.dumps(
-        {"chapter": rel, "seconds": round(seconds), "problems": walk.problems, "notes": walk.notes}, indent=1))
+        {"chapter": chapter.relative_to(REPO).as_posix(), "seconds": round(seconds), "problems": walk.problems,
+         "notes": walk.notes}, indent=1))
     if walk.problems:
         pytest.fail(f"chapter {walk.name} in JupyterLab ({len(walk.problems)} problem(s); screenshots in "
                     f"test-artifacts/{walk.name}*.png):\n" + "\n".join(f"  - {p}" for p in walk.problems),

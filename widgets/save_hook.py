@@ -1,0 +1,113 @@
+"""Saving a chapter keeps its widgets: a Jupyter server pre-save hook.
+
+A widget output in a notebook is a reference (`model_id`) into the widget state stored in the
+notebook's metadata. JupyterLab's widget manager (with `saveState` on) writes that state on save,
+but only for the widgets the running kernel holds: save before running a cell, and the pictures
+saved with the chapter lose their models; reopen it, and JupyterLab shows "Error displaying widget:
+model not found". This hook mends the state on its way to disk:
+
+    output refers to model 3f2a…   in the state being saved?    yes → keep it
+                                   in the file on disk?          yes → keep that saved one
+                                   nowhere                       → drop the reference, so the
+                                                                   output's still picture shows
+
+and leaves out models no output can reach any more (widgets of cells run again since). `make lab`
+installs it (scripts/jupyter_server_config.json); every widget of the course carries a still
+picture (`widgets/animation.py::StillFallback`), so a dropped reference still shows something.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+VIEW = "application/vnd.jupyter.widget-view+json"
+STATE = "application/vnd.jupyter.widget-state+json"
+REFERENCE = re.compile(r"IPY_MODEL_([0-9a-f]+)")
+LINKS = ("LinkModel", "DirectionalLinkModel")  # referenced by nothing, but they make an animation play
+NOT_SAVED = ("<div class='widget-still'><p style='color:#666'><i>This widget was not saved with the notebook: "
+             "run its cell to see it.</i></p></div>")
+
+
+def keep_widget_pictures(model: dict, path: str = "", contents_manager: Any = None, **kwargs: Any) -> None:
+    """The pre-save hook (`ContentsManager.pre_save_hook`): mend `model`'s widget state in place."""
+    if model.get("type") != "notebook" or not isinstance(model.get("content"), dict):
+        return
+    on_disk = _saved_state(contents_manager, path)
+    mend(model["content"], on_disk)
+
+
+def mend(notebook: dict, on_disk: dict[str, dict]) -> None:
+    """Give every widget output of `notebook` its model (from its own state, else from `on_disk`),
+    drop the references to models found nowhere, and keep only the models the outputs can reach."""
+    widgets = notebook.setdefault("metadata", {}).get("widgets", {})
+    state = dict(widgets.get(STATE, {}).get("state", {}))
+    known = {**on_disk, **state}  # the state being saved wins over the file's
+    kept: dict[str, dict] = {}
+    for output in _widget_outputs(notebook):
+        model_id = output["data"][VIEW].get("model_id", "")
+        if model_id in known:
+            _reach(model_id, known, kept)
+        else:  # its model is lost: show the still picture (or a note) instead of an error
+            del output["data"][VIEW]
+            output["data"].setdefault("text/html", NOT_SAVED)
+    for model_id, m in known.items():  # links between kept widgets (Play ↔ slider) come along
+        if m.get("model_name") in LINKS and set(_references(m)) <= set(kept):
+            kept[model_id] = m
+    if kept or STATE in widgets:
+        version = widgets.get(STATE, {})
+        notebook["metadata"]["widgets"] = {STATE: {"version_major": version.get("version_major", 2),
+                                                   "version_minor": version.get("version_minor", 0), "state": kept}}
+
+
+def _widget_outputs(notebook: dict) -> list[dict]:
+    return [o for cell in notebook.get("cells", []) if cell.get("cell_type") == "code"
+            for o in cell.get("outputs", []) if isinstance(o.get("data"), dict) and VIEW in o["data"]]
+
+
+def _references(model: dict) -> list[str]:
+    return REFERENCE.findall(json.dumps(model.get("state", {})))
+
+
+def _reach(model_id: str, known: dict[str, dict], kept: dict[str, dict]) -> None:
+    """`model_id` and every model it refers to, transitively (children, layouts, styles)."""
+    todo = [model_id]
+    while todo:
+        current = todo.pop()
+        if current in kept or current not in known:
+            continue
+        kept[current] = known[current]
+        todo += _references(known[current])
+
+
+def _saved_state(contents_manager: Any, path: str) -> dict[str, dict]:
+    """The widget state of the notebook as it is on disk now ({} if there is none). Read from the
+    file itself: the server's contents manager is asynchronous, and a pre-save hook is not."""
+    root = getattr(contents_manager, "root_dir", None)
+    if not root or not path:
+        return {}
+    try:
+        saved = json.loads((Path(root) / path.strip("/")).read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # no file yet, or not JSON: nothing to keep from it
+        return {}
+    widgets = saved.get("metadata", {}).get("widgets", {}) if isinstance(saved, dict) else {}
+    return dict(widgets.get(STATE, {}).get("state", {}))
+
+
+def mend_files(paths: list[str]) -> None:
+    """Mend notebook files in place, as saving them in JupyterLab would (`make execute` runs this after
+    executing the chapters, so that a committed chapter saved unchanged stays byte for byte the same)."""
+    import nbformat
+
+    for path in paths:
+        notebook = nbformat.read(path, as_version=nbformat.NO_CONVERT)
+        mend(notebook, {})
+        nbformat.write(notebook, path, version=nbformat.NO_CONVERT)
+
+
+if __name__ == "__main__":
+    import sys
+
+    mend_files(sys.argv[1:])
