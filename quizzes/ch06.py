@@ -11,7 +11,9 @@ QUESTIONS = [
              1, "Continuous batching puts the newcomer's whole prefill into the next step beside the decodes, so "
                 "that one step takes as long as the prefill — a spike in every decoding request's inter-token "
                 "latency (ITL).",
-             why_not=("minillm (like vLLM) mixes them in one forward pass; the decodes wait for the step to end.",
+             why_not=("A step of its own is still a step every decoding request waits for: between two of their "
+                      "tokens lies the whole prefill, so the gap is the same. SGLang runs prefills this way by "
+                      "default, and bounds the gap by chunking them (--chunked-prefill-size).",
                       None, "Preemption is for KV memory, not for time: nobody loses their blocks here.")),
     Question("Why does the chunked scheduler give the budget to decodes before prefills?",
              ("Decodes are cheaper to compute, so serving them first fits more requests into every step",
@@ -25,11 +27,21 @@ QUESTIONS = [
              ("Lower worst-case ITL for the decoders, later first token for the long prompt",
               "Lower ITL and an earlier first token for the long prompt too: smaller chunks are better everywhere",
               "Nothing changes: the total work is the same"),
-             0, "Smaller chunks make every step lighter (smoother decodes), but the prompt needs more steps, each "
-                "also running the decodes and re-reading its growing KV — its TTFT grows. The chunk size is the "
-                "knob between the two.",
+             0, "Smaller chunks make every step lighter (smoother decodes), but the prompt needs twice as many "
+                "steps, each paying the fixed cost p0 again and running the decodes again — its TTFT grows. The "
+                "chunk size is the knob between the two.",
              why_not=(None, "The long prompt pays: more steps to finish its prefill.",
-                      "The total tokens are the same, but how they are spread over steps is exactly what ITL sees.")),
+                      "The prompt's tokens and attention pairs are the same, but every extra step pays p0 and the "
+                      "decodes again — and how the work is spread over steps is exactly what ITL sees.")),
+    Question("A 1,500-token prompt is prefilled in chunks of 128. Which of its steps is the heaviest?",
+             ("The first: it fills an empty cache",
+              "All the same: every step computes 128 prompt tokens and the same decodes",
+              "The last full chunk: its tokens attend to every prompt token before them too"),
+             2, "A chunk of n tokens starting at position s has n·s + n(n+1)/2 attention pairs: the 128 tokens at "
+                "position 1,280 see 1,280 earlier tokens each. The ITL bound is set by the late chunks of the "
+                "longest prompt, not by the first.",
+             why_not=("Writing K/V costs the same per token wherever it goes; it is reading the earlier ones that "
+                      "grows.", "The same tokens, but not the same attention: later chunks see more keys.", None)),
     Question("A 100-token prompt is prefilled in chunks of 32. Which chunks sample a token?",
              ("Every chunk: each one ends with logits, and logits are there to be sampled",
               "The first one, so that the user sees a token early",
