@@ -110,24 +110,61 @@ def test_a_fitted_model_explains_its_own_trace(model):
         StepTimeModel.fit([])
 
 
-def test_every_lab_scenario_misses_its_slo_until_fixed_and_an_empty_answer_fails():
+def _lab_servers() -> dict:
+    from exercises.grading.ch09 import CAUSE_OF, UNSEEN
+    from minillm.sim import lab
+
+    return {name: (lab.SERVERS[name], cause) for name, cause in CAUSE_OF.items()} | UNSEEN
+
+
+def test_every_lab_server_was_healthy_until_one_setting_went_wrong_and_only_its_fix_works():
+    """Each server met its SLO with its healthy settings, misses it with the one wrong, and of the four
+    causes' fixes only its own cause's meets it again: the symptoms have one answer."""
+    from minillm.sim import lab
+
+    fixes = {lab.CAUSES[0]: {"max_num_seqs": 512}, lab.CAUSES[1]: {"num_blocks": 32_768},
+             lab.CAUSES[2]: {"chunked_prefill": True, "max_tokens_per_prefill_chunk": 128},
+             lab.CAUSES[3]: {"prefix_cache": True}}
+    wrong_of = dict(zip(lab.CAUSES, ("max_num_seqs", "num_blocks", "chunked_prefill", "prefix_cache")))
+    for name, (server, cause) in _lab_servers().items():
+        assert not lab.meets_slo(server), f"{name} meets its SLO as it is: nothing to diagnose"
+        seed = next(seed for seed in range(1, 50) if lab.build_server(wrong_of[cause], seed, server.slo) == server)
+        healthy = dict(lab._draw(wrong_of[cause], seed)[1])
+        settings = dict(server.settings)
+        assert sum(settings[key] != healthy[key] for key in ("max_num_seqs", "num_blocks", "chunked_prefill",
+                                                             "prefix_cache")) == 1, name
+        assert lab.meets_slo(server, healthy), f"{name} missed its SLO even before its setting went wrong"
+        for other, fix in fixes.items():
+            if other != cause and any(settings[key] != value for key, value in fix.items()):
+                assert not lab.meets_slo(server, fix), f"{name} ({cause}) is also fixed by {fix}"
+
+
+def test_each_cause_has_several_servers_unlike_each_other_and_the_dashboards_show_no_setting():
+    from minillm.sim import lab
+
+    servers = _lab_servers()
+    for cause in lab.CAUSES:
+        mine = [server for server, of in servers.values() if of == cause]
+        assert len(mine) >= 3 and len({server.workload for server in mine}) == len(mine)
+        assert len({server.rate for server in mine}) == len(mine)
+    assert not set(lab.DASHBOARD) & set(lab.SETTINGS)
+    board = lab.dashboard("server_c")
+    assert list(board) == list(lab.DASHBOARD)
+    for setting in lab.SETTINGS:
+        with pytest.raises(KeyError, match="a dashboard shows symptoms, not settings"):
+            board[setting]
+        with pytest.raises(KeyError, match="not settings"):
+            board.copy().get(setting, 16)
+    for cause in lab.CAUSES:  # what the notebook prints of a server never names its cause nor shows its settings
+        assert all(cause not in repr(server) and "max_num_seqs" not in repr(server) for server in lab.SERVERS.values())
+    board["ttft_p99_s"] = 0.0  # the learner's copy: the lab's own numbers stay
+    assert lab.dashboard("server_c")["ttft_p99_s"] > 0
+
+
+def test_the_lab_checks_every_fix_and_an_empty_answer_fails():
     from exercises.grading import run
     from minillm.sim import lab
 
-    for name in lab.SCENARIOS:
-        assert not lab.meets_slo(name, lab.run(name)), f"{name} meets its SLO unfixed: nothing to diagnose"
-    results = run("ch09.diagnose", lambda: {})
-    assert results and not any(r.passed for r in results)
-    with pytest.raises(ValueError, match="settings you can change"):
-        lab.run("server_c", {"temperature": 0})
-
-
-def test_the_lab_checks_every_fix_and_shows_no_answer():
-    from minillm.sim import lab
-
-    assert lab.settings("server_a")["num_blocks"] == 60 and lab.settings("server_c")["max_num_seqs"] == 2
-    for cause in lab.CAUSES:  # what the notebook prints of a scenario never names its cause
-        assert all(cause not in repr(scenario) for scenario in lab.SCENARIOS.values())
     for bad, error, message in (({"num_blocks": "512"}, TypeError, "an integer"),
                                 ({"num_blocks": 512.0}, TypeError, "an integer"),
                                 ({"max_num_seqs": True}, TypeError, "an integer"),
@@ -135,28 +172,37 @@ def test_the_lab_checks_every_fix_and_shows_no_answer():
                                 ({"num_blocks": 10**9}, ValueError, r"\[16, 65536\]"),
                                 ({"max_tokens_per_prefill_chunk": 1}, ValueError, r"\[16, 8192\]"),
                                 ({"max_num_seqs": 0}, ValueError, r"\[1, 1024\]"),
+                                ({"temperature": 0}, ValueError, "settings you can change"),
                                 ("max_num_seqs=4", TypeError, "a dict")):
         with pytest.raises(error, match=message):
             lab.run("server_c", bad)
-    with pytest.raises(ValueError, match="the lab's scenarios"):
+    with pytest.raises(ValueError, match="the lab's servers"):
         lab.run("Server_C")
     assert lab.check_fix({"num_blocks": np.int64(512)}) == {"num_blocks": 512}
+    results = run("ch09.diagnose", lambda dashboard: {})
+    assert results and not any(r.passed for r in results)
 
 
-def test_the_grader_judges_the_cause_alone_and_calls_diagnose_once():
+def test_the_grader_judges_the_cause_before_the_fix():
     from exercises.grading import run
-    from exercises.grading.ch09 import CAUSE_OF
+    from exercises.grading.ch09 import CAUSE_OF, UNSEEN
 
-    calls = []
-
-    def causes_only():
-        calls.append(1)
-        return {name: {"cause": cause, "fix": None} for name, cause in CAUSE_OF.items()}
+    def causes_only(dashboard):
+        return {"cause": _cause_of(dashboard, CAUSE_OF, UNSEEN), "fix": None}
 
     results = run("ch09.diagnose", causes_only)
-    assert len(calls) == 1 and len(results) == 8
-    assert [r.passed for r in results] == [True, False] * 4  # each scenario: its cause, then its fix
-    assert all("a dict {setting: value}" in r.message for r in results if not r.passed)
+    assert len(results) == len(CAUSE_OF) + len(UNSEEN)
+    assert all(not r.passed and "(the cause is right): expected a dict {setting: value}" in r.message for r in results)
+
+
+def _cause_of(dashboard, cause_of: dict, unseen: dict) -> str:
+    """The grader's answer for the server whose dashboard this is (a test's shortcut, not a diagnosis)."""
+    from minillm.sim import lab
+
+    for name, cause in cause_of.items():
+        if lab.dashboard(name) == dashboard:
+            return cause
+    return next(cause for server, cause in unseen.values() if lab.dashboard(server) == dashboard)
 
 
 def test_the_simulator_refuses_what_the_engine_refuses(model):

@@ -3,7 +3,7 @@ and a discrete-event simulator that runs the real scheduler with it.
 
     step_time.py   StepTimeModel: a step's seconds from what it runs, by least squares on traces
     simulator.py   simulate(workload, config, step_time, ...): arrivals, the scheduler, the clock
-    lab.py         the diagnosis lab: four servers that miss their SLO, each for one reason
+    lab.py         the diagnosis lab: servers that miss their SLO, each for one reason, read from a dashboard
 """
 
 from minillm.sim.simulator import SimRequest, SimResult, SimSpeculation, simulate

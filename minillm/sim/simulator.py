@@ -83,6 +83,9 @@ class SimResult:
     queue: list[tuple[float, int, int]] = field(default_factory=list)  # (time, waiting, running)
     preemptions: int = 0
     refused: int = 0  # requests the engine would refuse at the door (scheduler/admission.py): never served
+    kv_blocks_used: list[int] = field(default_factory=list)  # after each step, beside `queue` (paged KV only)
+    num_blocks: int | None = None  # the pool's size (paged KV only)
+    prefix_hit_rate: float | None = None  # share of looked-up prompt tokens found cached (None: no prefix cache)
 
     @property
     def wall(self) -> float:
@@ -161,6 +164,11 @@ def simulate(workload: list[SimRequest], config: EngineConfig, step_time: StepTi
                 request.metrics.finish_time = clock
                 scheduler.finish(request, reason)
         result.queue.append((clock, len(scheduler.waiting), len(scheduler.running)))
+        if pool is not None:
+            result.kv_blocks_used.append(pool.num_blocks - pool.num_free_blocks)
+    if pool is not None:
+        result.num_blocks = pool.num_blocks
+        result.prefix_hit_rate = pool.cache.hit_rate if pool.cache is not None else None
     served = (requests.get(str(i)) for i in range(len(workload)))  # in the workload's order
     result.metrics = [r.metrics for r in served if r is not None and r.finish_reason == "length"]
     return result

@@ -892,47 +892,85 @@ def fill_checking_as_it_goes(buffers, batch):
 # ----------------------------------------------------------------------------- ch09.diagnose
 
 
+def _diagnosis(dashboard):
+    from solutions.ch09_diagnose import diagnose
+
+    return diagnose(dashboard)
+
+
 @wrong("ch09.diagnose", "the cause its symptoms point to")
-def diagnose_blaming_memory_for_everything():
-    from solutions.ch09_diagnose import diagnose
-
-    answers = diagnose()
-    answers["server_c"] = {"cause": "KV cache too small", "fix": {"max_num_seqs": 16}}  # WRONG: nothing preempts
-    return answers
+def diagnose_blaming_the_kv_cache_for_everything(dashboard):
+    return {"cause": "KV cache too small", "fix": {"num_blocks": 8192}}  # WRONG: memory is not every server's problem
 
 
-@wrong("ch09.diagnose", "the SLO met")
-def diagnose_with_fixes_too_timid():
-    from solutions.ch09_diagnose import diagnose
-
-    answers = diagnose()
-    answers["server_a"]["fix"] = {"num_blocks": 90}  # WRONG: still preempting
-    answers["server_c"]["fix"] = {"max_num_seqs": 3}  # WRONG: still a queue
-    return answers
+@wrong("ch09.diagnose", "the cause its symptoms point to")
+def diagnose_blaming_the_slots_for_any_queue(dashboard):
+    if dashboard["waiting_max"] > 2 * dashboard["running_max"]:  # WRONG: a KV cache that fills up queues them too
+        return {"cause": "too few batch slots", "fix": {"max_num_seqs": 64}}
+    return _diagnosis(dashboard)
 
 
-@wrong("ch09.diagnose", "settings of the right type")
-def diagnose_with_a_number_in_quotes():
-    from solutions.ch09_diagnose import diagnose
+@wrong("ch09.diagnose", "the cause its symptoms point to")
+def diagnose_blaming_long_prompts_for_any_itl_tail(dashboard):
+    if dashboard["itl_p99_s"] > 3 * dashboard["itl_p50_s"] and dashboard["preemptions"] == 0:
+        # WRONG: recomputing a long shared prefix makes long steps too; the prefix hit rate tells them apart
+        return {"cause": "long prompts stall the decodes",
+                "fix": {"chunked_prefill": True, "max_tokens_per_prefill_chunk": 128}}
+    return _diagnosis(dashboard)
 
-    answers = diagnose()
-    answers["server_a"]["fix"] = {"num_blocks": "1024"}  # WRONG: a string, not an integer
-    return answers
+
+@wrong("ch09.diagnose", "the cause its symptoms point to")
+def diagnose_from_a_table_of_the_notebooks_servers(dashboard):
+    from minillm.sim import lab
+
+    # WRONG: the answers written down for the eight servers the notebook shows, recognised by their TTFT
+    table = {lab.dashboard(name)["ttft_p99_s"]: _diagnosis(lab.dashboard(name)) for name in lab.SERVERS}
+    return table.get(dashboard["ttft_p99_s"], {"cause": "too few batch slots", "fix": {"max_num_seqs": 64}})
+
+
+@wrong("ch09.diagnose", "a dashboard shows symptoms, not settings")
+def diagnose_reading_a_setting(dashboard):
+    if dashboard["num_blocks"] < 512:  # WRONG: the dashboard does not show the settings
+        return {"cause": "KV cache too small", "fix": {"num_blocks": 4096}}
+    return _diagnosis(dashboard)
 
 
 @wrong("ch09.diagnose", "one setting of")
-def diagnose_changing_everything_at_once():
-    from solutions.ch09_diagnose import diagnose
+def diagnose_changing_two_settings(dashboard):
+    answer = _diagnosis(dashboard)
+    if "prefix_cache" in answer["fix"]:
+        answer["fix"]["max_num_seqs"] = 64  # WRONG: two knobs at once: which one fixed it?
+    return answer
 
-    answers = diagnose()
-    answers["server_b"]["fix"] = {"prefix_cache": True, "max_num_seqs": 64}  # WRONG: two knobs at once
-    return answers
+
+@wrong("ch09.diagnose", "the SLO met")
+def diagnose_with_sixteen_slots_always(dashboard):
+    answer = _diagnosis(dashboard)
+    if "max_num_seqs" in answer["fix"]:
+        answer["fix"] = {"max_num_seqs": 16}  # WRONG: a busy server needs the slots Little's law says it holds
+    return answer
 
 
-@wrong("ch09.diagnose", "every request served")
-def diagnose_turning_the_long_requests_away():
-    from solutions.ch09_diagnose import diagnose
+@wrong("ch09.diagnose", "the SLO met")
+def diagnose_turning_chunking_on_alone(dashboard):
+    answer = _diagnosis(dashboard)
+    if "chunked_prefill" in answer["fix"]:
+        answer["fix"] = {"chunked_prefill": True}  # WRONG: the chunk size in effect is unknown, and may be too big
+    return answer
 
-    answers = diagnose()
-    answers["server_d"]["fix"] = {"num_blocks": 90}  # WRONG: the 1,500-token documents no longer fit: refused
-    return answers
+
+@wrong("ch09.diagnose", "the SLO met")
+def diagnose_with_the_smallest_chunks(dashboard):
+    answer = _diagnosis(dashboard)
+    if "chunked_prefill" in answer["fix"]:
+        # WRONG: tiny chunks keep the gaps short, but a long prompt's TTFT grows with its number of chunks
+        answer["fix"] = {"chunked_prefill": True, "max_tokens_per_prefill_chunk": 32}
+    return answer
+
+
+@wrong("ch09.diagnose", "settings of the right type")
+def diagnose_with_a_number_in_quotes(dashboard):
+    answer = _diagnosis(dashboard)
+    if "num_blocks" in answer["fix"]:
+        answer["fix"] = {"num_blocks": str(answer["fix"]["num_blocks"])}  # WRONG: a string, not an integer
+    return answer
