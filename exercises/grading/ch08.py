@@ -1,8 +1,10 @@
-"""Chapter 8's cases: `ch08.pad` (a decode batch padded to its bucket) and `ch08.fill` (the static
-buffers refilled in place)."""
+"""Chapter 8's cases: `ch08.pad` (a decode batch padded to its bucket), `ch08.fill` (the static
+buffers refilled in place) and `ch08.buckets` (the buckets worth recording under a memory budget)."""
 
 from __future__ import annotations
 
+import itertools
+import math
 import random
 from collections.abc import Callable
 from typing import Any
@@ -15,6 +17,7 @@ from minillm.graphs.padding import DecodeRow, pad_decode_batch
 
 pad = exercise("ch08.pad", "ch08_pad_batch", "pad_to_bucket")
 fill = exercise("ch08.fill", "ch08_fill_buffers", "fill_buffers")
+buckets = exercise("ch08.buckets", "ch08_choose_buckets", "choose_buckets")
 NAMES = ("input_ids", "positions", "slot_mapping", "block_tables", "context_lens")
 
 
@@ -161,3 +164,130 @@ def a_batch_of_another_shape_is_refused_and_changes_nothing(impl: Callable) -> N
                       batch)
         changed = [name for name in NAMES if not torch.equal(buffers[name], snapshot[name])]
         expect(not changed, f"after the refused batch of {what}", "every buffer unchanged", f"{changed} changed")
+
+
+# ----------------------------------------------------------------------------------------------------- buckets
+
+
+class Server:
+    """One `choose_buckets` question: what a server saw, what each bucket would keep, and its step times
+    (a replayed step of bucket b: graph0 + row * b ms; an eager step of n requests: eager0 + row * n ms)."""
+
+    def __init__(self, seen: dict[int, int], capture_mib: dict[int, float], budget_mib: float,
+                 graph0: float = 1.0, eager0: float = 3.0, row: float = 0.02):
+        self.seen, self.capture_mib, self.budget_mib = seen, capture_mib, budget_mib
+        self.graph_ms = {b: graph0 + row * b for b in capture_mib}
+        self.eager_ms = {n: eager0 + row * n for n in range(1, max(seen) + 1)}
+        self.given = (f"choose_buckets(seen={seen}, capture_mib={capture_mib}, budget_mib={budget_mib:g}, "
+                      f"graph_ms[b] = {graph0:g} + {row:g} b, eager_ms[n] = {eager0:g} + {row:g} n)")
+
+    def mean_step_ms(self, chosen: list[int]) -> tuple[float, list[int]]:
+        """The mean step time of the steps seen with `chosen` recorded, and the batch sizes that ran eagerly."""
+        total, eager = 0.0, []
+        for n, steps in self.seen.items():
+            bucket = next((b for b in sorted(chosen) if b >= n), None)
+            if bucket is None:
+                eager.append(n)
+            total += steps * (self.eager_ms[n] if bucket is None else self.graph_ms[bucket])
+        return total / sum(self.seen.values()), sorted(eager)
+
+    def mib(self, chosen: list[int]) -> float:
+        return sum(self.capture_mib[b] for b in chosen)
+
+    def best(self) -> list[int]:
+        """Every choice that fits, weighed: the fastest, and among the equally fast the least memory."""
+        best, best_key = [], (self.mean_step_ms([])[0], 0.0)
+        for size in range(1, len(self.capture_mib) + 1):
+            for chosen in itertools.combinations(sorted(self.capture_mib), size):
+                if self.mib(list(chosen)) > self.budget_mib + 1e-9:
+                    continue
+                ms, mib = self.mean_step_ms(list(chosen))[0], self.mib(list(chosen))
+                if (ms < best_key[0] and not math.isclose(ms, best_key[0])) or (math.isclose(ms, best_key[0])
+                                                                               and mib < best_key[1] - 1e-9):
+                    best, best_key = list(chosen), (ms, mib)
+        return best
+
+    def describe(self, chosen: list[int]) -> str:
+        ms, eager = self.mean_step_ms(chosen)
+        ran = f"; steps of {', '.join(map(str, eager))} ran eagerly" if eager else "; no step ran eagerly"
+        return f"{chosen} ({self.mib(chosen):g} MiB, a mean step of {ms:.3f} ms{ran})"
+
+
+def _choose(impl: Any, server: Server, why: str, checks: tuple[str, ...] = ("budget", "fastest", "memory")) -> None:
+    """Call the learner's choose_buckets on `server`: a valid list always, then the `checks` named."""
+    want = server.best()
+    expected = f"{server.describe(want)} ({why})"
+    args = (dict(server.seen), dict(server.capture_mib), server.budget_mib, dict(server.graph_ms),
+            dict(server.eager_ms))
+    got = call(server.given, expected, impl, *args)
+    unchanged = args == (server.seen, server.capture_mib, server.budget_mib, server.graph_ms, server.eager_ms)
+    expect(unchanged, server.given, "the arguments left unchanged", "an argument modified")
+    got = list(got) if isinstance(got, tuple) else got
+    valid = (isinstance(got, list) and all(isinstance(b, int) and b in server.capture_mib for b in got)
+             and got == sorted(set(got)))
+    expect(valid, server.given, f"a sorted list of buckets from capture_mib, each once ({why})", repr(got))
+    mib = server.mib(got)
+    expect("budget" not in checks or mib <= server.budget_mib + 1e-9, server.given,
+           f"buckets whose capture memory fits the budget of {server.budget_mib:g} MiB: {expected}",
+           f"{got}: {mib:g} MiB")
+    ms, best_ms = server.mean_step_ms(got)[0], server.mean_step_ms(want)[0]
+    expect("fastest" not in checks or math.isclose(ms, best_ms) or ms < best_ms, server.given, expected,
+           server.describe(got))
+    expect("memory" not in checks or mib <= server.mib(want) + 1e-9, server.given,
+           f"{server.describe(want)}: as fast, with less memory ({why})", server.describe(got))
+
+
+@buckets.case
+def buckets_are_candidates_sorted_each_once(impl: Callable) -> None:
+    """Buckets come from capture_mib, sorted, each once"""
+    _choose(impl, Server({1: 10, 2: 10}, {1: 4, 2: 4, 4: 6}, 100), "1 and 2 both fit: every step replays exactly",
+            checks=())
+
+
+@buckets.case
+def the_capture_memory_fits_the_budget(impl: Callable) -> None:
+    """The chosen buckets' capture memory fits the budget, even when one more bucket would be faster"""
+    _choose(impl, Server({1: 400, 2: 300, 4: 200, 8: 100}, {1: 6, 2: 7, 4: 8, 8: 10}, 24),
+            "all four would keep 31 MiB; the best three that fit keep 24", checks=("budget",))
+
+
+@buckets.case
+def a_batch_above_the_largest_bucket_runs_eagerly(impl: Callable) -> None:
+    """A batch above the largest bucket runs eagerly, at its eager step time: covering it may be worth most"""
+    _choose(impl, Server({1: 100, 2: 100, 12: 800}, {1: 10, 2: 12, 4: 16, 8: 24, 16: 40}, 50),
+            "most steps have 12 requests: without bucket 16 they run eagerly at 3.24 ms")
+
+
+@buckets.case
+def a_rare_large_batch_may_run_eagerly(impl: Callable) -> None:
+    """A rare large batch may run eagerly: a bucket for it is not worth the memory the common sizes need"""
+    _choose(impl, Server({1: 500, 2: 300, 4: 150, 32: 5}, {1: 4, 2: 5, 4: 6, 8: 8, 16: 12, 32: 20}, 20),
+            "bucket 32 would take the whole budget and pad every step to 32; 5 eager steps cost less")
+
+
+@buckets.case
+def among_equally_fast_choices_the_least_memory(impl: Callable) -> None:
+    """Among equally fast choices, the least capture memory: no bucket that no batch uses"""
+    _choose(impl, Server({1: 50, 3: 50}, {1: 5, 2: 6, 4: 8, 8: 12}, 100),
+            "3 pads to 4 whatever else is recorded: buckets 2 and 8 would serve nothing")
+
+
+@buckets.case
+def with_no_room_for_any_bucket_every_step_runs_eagerly(impl: Callable) -> None:
+    """With no room for any bucket, every step runs eagerly: []"""
+    _choose(impl, Server({1: 10, 4: 10}, {1: 8, 4: 9}, 6), "the smallest bucket keeps 8 MiB, the budget is 6")
+
+
+@buckets.case
+def random_servers_get_the_fastest_choice_that_fits(impl: Callable) -> None:
+    """Random servers: no choice that fits the budget has a lower mean step time"""
+    rng = random.Random(8)
+    for _ in range(25):
+        sizes = sorted(rng.sample(range(1, 49), rng.randint(2, 6)))
+        seen = {n: rng.choice([1, 5, 20, 100, 400]) for n in sizes}
+        candidates = sorted({1, 2, 4, *rng.sample(range(8, 65, 8), rng.randint(1, 5))})
+        capture = {b: float(4 + b // 2 + rng.randint(0, 3)) for b in candidates}
+        budget = float(rng.randint(4, int(sum(capture.values()))))
+        server = Server(seen, capture, budget, graph0=rng.choice([0.5, 1.0, 2.0]), eager0=rng.choice([2.5, 4.0, 8.0]),
+                        row=rng.choice([0.01, 0.05, 0.2]))
+        _choose(impl, server, "the fastest choice that fits")

@@ -3,6 +3,7 @@ WRONG). The graders must reject every one with a FAIL line containing `rule`."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -887,6 +888,74 @@ def fill_checking_as_it_goes(buffers, batch):
         if value.shape != buffer.shape:  # WRONG: the buffers before this one are already overwritten
             raise ValueError(name)
         buffer.copy_(value)
+
+
+# ----------------------------------------------------------------------------- ch08.buckets
+
+
+def _mean_step_ms(chosen, seen, graph_ms, eager_ms, *, uncovered_free=False):
+    total = 0.0
+    for n, steps in seen.items():
+        bucket = next((b for b in sorted(chosen) if b >= n), None)
+        if bucket is None:
+            total += 0.0 if uncovered_free else steps * eager_ms[n]
+        else:
+            total += steps * graph_ms[bucket]
+    return total / sum(seen.values())
+
+
+def _fastest(seen, capture_mib, budget_mib, graph_ms, eager_ms, *, uncovered_free=False, must_cover=False):
+    best, best_key = [], None
+    for size in range(0, len(capture_mib) + 1):
+        for chosen in itertools.combinations(sorted(capture_mib), size):
+            mib = sum(capture_mib[b] for b in chosen)
+            if mib > budget_mib or (must_cover and (not chosen or chosen[-1] < max(seen))):
+                continue
+            key = (round(_mean_step_ms(chosen, seen, graph_ms, eager_ms, uncovered_free=uncovered_free), 9), mib)
+            if best_key is None or key < best_key:
+                best, best_key = list(chosen), key
+    return best
+
+
+@wrong("ch08.buckets", "runs eagerly, at its eager step time")
+def buckets_smallest_first_until_the_budget_is_spent(seen, capture_mib, budget_mib, graph_ms, eager_ms):
+    chosen, used = [], 0.0
+    for bucket in sorted(capture_mib):  # WRONG: small buckets first, whatever the batches that then run eagerly
+        if used + capture_mib[bucket] > budget_mib:
+            break
+        chosen.append(bucket)
+        used += capture_mib[bucket]
+    return chosen
+
+
+@wrong("ch08.buckets", "capture memory fits the budget")
+def buckets_one_over_the_budget(seen, capture_mib, budget_mib, graph_ms, eager_ms):
+    chosen, used = [], 0.0
+    wanted = sorted(capture_mib, key=lambda b: -sum(s for n, s in seen.items() if n <= b))
+    for bucket in wanted:
+        if used >= budget_mib:  # WRONG: checks the budget before adding, so the last bucket overshoots it
+            break
+        chosen.append(bucket)
+        used += capture_mib[bucket]
+    return sorted(chosen)
+
+
+@wrong("ch08.buckets", "runs eagerly, at its eager step time")
+def buckets_as_if_uncovered_batches_were_free(seen, capture_mib, budget_mib, graph_ms, eager_ms):
+    return _fastest(seen, capture_mib, budget_mib, graph_ms, eager_ms, uncovered_free=True)  # WRONG: eager costs
+
+
+@wrong("ch08.buckets", "rare large batch may run eagerly")
+def buckets_always_covering_the_largest_batch(seen, capture_mib, budget_mib, graph_ms, eager_ms):
+    # WRONG: a bucket for the largest batch at any price (falls back to [] when none fits)
+    return _fastest(seen, capture_mib, budget_mib, graph_ms, eager_ms, must_cover=True)
+
+
+@wrong("ch08.buckets", "the least capture memory")
+def buckets_every_candidate_that_fits(seen, capture_mib, budget_mib, graph_ms, eager_ms):
+    if sum(capture_mib.values()) <= budget_mib:
+        return sorted(capture_mib)  # WRONG: everything fits, so record everything (buckets no batch uses too)
+    return _fastest(seen, capture_mib, budget_mib, graph_ms, eager_ms)
 
 
 # ----------------------------------------------------------------------------- ch09.diagnose
