@@ -10,9 +10,13 @@ from widgets.spec_stepper import (
     UNCHECKED,
     AcceptanceExplorer,
     SpecStepper,
+    break_even,
+    break_even_words,
     expected_speedup,
     expected_tokens_per_pass,
+    fastest_k,
     render_expectations,
+    speedups_by_k,
     verdicts,
     verifications,
 )
@@ -80,12 +84,64 @@ def test_the_stepper_replays_a_real_engine(model, tmp_path):
 
 
 def test_the_explorer_draws_every_rate_and_the_measured_points():
-    measured = [{"label": "draft k=4", "alpha": 0.6, "tokens_per_pass": 2.3, "speedup": 1.4}]
+    measured = [{"label": "draft k=4", "alpha": 0.6, "tokens_per_pass": 2.3, "speedup": 1.4, "k": 4}]
     widget = AcceptanceExplorer(k=4, draft_cost=0.2, measured=measured)
     assert len(widget.stack.children) == len(widget.slider.options) == 21
     assert widget.slider.value == "α = 0.70"
     frame = render_expectations(0.5, 4, 0.2, measured)
     assert f"{expected_tokens_per_pass(0.5, 4):.2f} tokens per pass" in frame
     assert f"{expected_speedup(0.5, 4, 0.2):.2f}x" in frame and "draft k=4" in frame
+    assert "draft k=4" not in render_expectations(0.5, 3, 0.2, measured)  # a point is drawn at its own k only
     with pytest.raises(ValueError):
         AcceptanceExplorer(k=0, draft_cost=0.2)
+    with pytest.raises(ValueError, match="verify_cost"):
+        AcceptanceExplorer(k=2, draft_cost=0.2, verify_cost=[1.0, 1.1])
+
+
+def test_the_speedup_counts_the_verification_pass_and_crosses_one_once():
+    assert expected_speedup(0.5, 2, 0.25, verify=1.5) == pytest.approx(1.75 / 2.0)
+    where = break_even(4, 0.2, 1.3)  # a round costs 2.1 steps
+    assert 0 < where < 1 and expected_tokens_per_pass(where, 4) == pytest.approx(2.1)
+    assert expected_speedup(where - 0.01, 4, 0.2, 1.3) < 1 < expected_speedup(where + 0.01, 4, 0.2, 1.3)
+    assert break_even(4, 1.0) is None  # 5 steps a round: not even 5 kept tokens repay it
+    assert break_even(3, 0.0) == 0.0  # free guesses and a free verification: never slower
+
+
+def test_the_fastest_k_weighs_tokens_against_costs():
+    flat = [1.0] * 7
+    assert speedups_by_k(0.8, 0.1, flat)[0] == 1.0  # k = 0 is plain decoding
+    assert fastest_k(1.0, 0.1, flat) == 6  # every guess kept: the more the better
+    assert fastest_k(0.1, 0.3, flat) == 0  # guesses rarely kept and dear: no speculation
+    assert fastest_k(0.0, 0.0, flat) == 0  # a tie with plain decoding is not a gain
+    s = speedups_by_k(0.8, 0.2, flat)
+    assert fastest_k(0.8, 0.2, flat) == s.index(max(s)) and 0 < s.index(max(s)) < 6
+
+
+@pytest.mark.parametrize("k, cost, verify, words", [
+    (4, 0.2, 1.3, f"break-even at α = {break_even(4, 0.2, 1.3):.2f}"),
+    (4, 1.0, 1.0, "no α pays"),
+    (2, 0.0, 1.0, "never slower"),
+])
+def test_the_explorer_says_where_its_curve_crosses_the_dashed_line(k, cost, verify, words):
+    verify_cost = [1.0] * 7
+    verify_cost[k] = verify
+    frame = render_expectations(0.5, k, cost, [], verify_cost=verify_cost)
+    assert words in frame and break_even_words(k, cost, verify) in frame
+    assert "below the dashed line: slower" not in frame  # the old fixed label
+    assert ("break-even " in frame.split("</text>", 1)[1]) == words.startswith("break-even")
+
+
+def test_the_explorer_sliders_redraw_every_frame():
+    verify = [1.0, 1.2, 1.3, 1.4, 1.45, 1.5, 1.6]
+    widget = AcceptanceExplorer(k=4, draft_cost=0.2, verify_cost=verify, start_alpha=0.5)
+    assert "expected speedup, k = 4" in widget.stack.children[10].value
+    assert "a pass over 5 tokens: 1.45 steps" in widget.stack.children[10].value
+    widget.k_slider.value = 2
+    assert all("expected speedup, k = 2" in view.value for view in widget.stack.children)
+    assert "expected speedup, k = 2" in widget.still_html()
+    widget.cost_slider.value = 0.5
+    assert f"{expected_speedup(0.5, 2, 0.5, 1.3):.2f}x" in widget.stack.children[10].value
+    widget.verify_choice.value = AcceptanceExplorer.GPU
+    assert f"{expected_speedup(0.5, 2, 0.5, 1.0):.2f}x" in widget.stack.children[10].value
+    best = fastest_k(0.5, 0.5, [1.0] * 7)
+    assert ("fastest here: k = 0" if best == 0 else f"fastest here: k = {best}") in widget.stack.children[10].value
