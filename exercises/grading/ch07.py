@@ -1,5 +1,5 @@
-"""Chapter 7's cases: `ch07.acceptance` (the rule that keeps or rejects guesses) and `ch07.ngram`
-(prompt lookup)."""
+"""Chapter 7's cases: `ch07.acceptance` (the rule that keeps or rejects guesses), `ch07.ngram`
+(prompt lookup) and `ch07.best_k` (how many guesses pay, from an acceptance rate and costs)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from minillm.speculative.ngram import propose_ngram
 
 acceptance = exercise("ch07.acceptance", "ch07_acceptance", "accept_drafts")
 ngram = exercise("ch07.ngram", "ch07_ngram", "propose_ngram")
+best_k = exercise("ch07.best_k", "ch07_best_k", "best_k")
 
 DRAWN = -1  # what the graders' `draw` returns: a marker, so that the distribution it was given can be checked
 
@@ -184,3 +185,100 @@ def matches_minillms_proposer_on_random_tokens(impl: Callable) -> None:
         n_min = rng.randrange(1, 3)
         k, n_max = rng.randrange(1, 6), n_min + rng.randrange(0, 3)
         _ngram(impl, tokens, k, n_max, n_min, propose_ngram(tokens, k, n_max, n_min), f"trial {trial}: minillm's")
+
+
+# ---------------------------------------------------------------------------------------------------- best_k
+
+
+def _speedups(alpha: float, draft_cost: float, verify_cost: list[float]) -> list[float]:
+    """Tokens per decode step's worth of time for k = 0 .. len(verify_cost) - 1 guesses."""
+    tokens = [sum(alpha**i for i in range(k + 1)) for k in range(len(verify_cost))]
+    return [t / (verify_cost[k] + k * draft_cost) for k, t in enumerate(tokens)]
+
+
+def _fastest(speedups: list[float]) -> int:
+    best = 0
+    for k, s in enumerate(speedups):
+        if s > speedups[best]:
+            best = k
+    return best
+
+
+def _best_k(impl: Any, alpha: float, draft_cost: float, verify_cost: list[float], why: str, given: str = "") -> None:
+    speedups = _speedups(alpha, draft_cost, verify_cost)
+    want = _fastest(speedups)
+    given = given or f"best_k(alpha={alpha}, draft_cost={draft_cost}, verify_cost={verify_cost})"
+    table = ", ".join(f"k={k}: {s:.3f}x" for k, s in enumerate(speedups))
+    expected = f"{want} ({why}; speedups {table})"
+    got = call(given, expected, impl, alpha, draft_cost, list(verify_cost))
+    ok = isinstance(got, int) and not isinstance(got, bool) and got == want
+    shown = f"{got!r}" + (f" ({speedups[got]:.3f}x)" if isinstance(got, int) and 0 <= got < len(speedups) else "")
+    expect(ok, given, expected, shown)
+
+
+FLAT = [1.0] * 7  # verification as cheap as a decode step: a memory-bound pass on a GPU at batch 1
+CPU = [1.0, 1.18, 1.37, 1.40, 1.39, 1.50, 1.55]  # a pass over 1..7 tokens measured on a 2-core laptop CPU
+
+
+@best_k.case
+def k_is_zero_unless_some_k_is_strictly_faster_than_plain_decoding(impl: Callable) -> None:
+    """k = 0 unless some k is strictly faster than plain decoding."""
+    _best_k(impl, 0.2, 0.05, CPU, "guesses kept 20% of the time never repay their passes: decode plainly")
+    _best_k(impl, 0.0, 0.0, FLAT, "nothing is ever kept: every k only ties with plain decoding, which is no gain")
+
+
+@best_k.case
+def every_guess_costs_a_draft_pass(impl: Callable) -> None:
+    """Every guess costs a draft pass: more guesses are not always faster."""
+    _best_k(impl, 0.8, 0.2, FLAT, "after k = 4 a guess adds less than its draft pass costs")
+
+
+@best_k.case
+def the_bonus_token_counts(impl: Callable) -> None:
+    """A round yields the kept guesses plus the target's own token (the bonus when all are kept)."""
+    _best_k(impl, 0.2, 0.05, [1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3],
+            "one guess gives 1 + α tokens a round: a 20% chance of a second token for 1.1 steps pays")
+
+
+@best_k.case
+def a_pass_over_k_plus_1_tokens_costs_verify_cost_k(impl: Callable) -> None:
+    """A pass over k + 1 tokens costs verify_cost[k] decode steps, not one."""
+    _best_k(impl, 0.76, 0.23, CPU, "this CPU's passes grow dearer with their tokens")
+    _best_k(impl, 0.9, 0.0, [1.0, 1.02, 1.05, 1.1, 1.2, 1.4, 1.8], "free guesses, but past 5 tokens a pass gets dear")
+
+
+@best_k.case
+def alpha_one_keeps_every_guess(impl: Callable) -> None:
+    """With alpha = 1 every guess is kept: k guesses yield k + 1 tokens."""
+    _best_k(impl, 1.0, 0.1, FLAT, "k + 1 tokens for 1 + 0.1 k steps: the most guesses allowed")
+
+
+@best_k.case
+def k_goes_up_to_len_verify_cost_minus_one(impl: Callable) -> None:
+    """k may be 0 .. len(verify_cost) - 1, and no more."""
+    _best_k(impl, 0.95, 0.05, [1.0, 1.05, 1.1], "verify_cost covers passes over 1..3 tokens: k = 2 at most")
+
+
+@best_k.case
+def verify_cost_is_left_unchanged(impl: Callable) -> None:
+    """verify_cost is left as it was."""
+    costs = list(CPU)
+    call(f"best_k(0.7, 0.2, {CPU})", "no error", impl, 0.7, 0.2, costs)
+    expect(costs == CPU, "verify_cost after the call", "unchanged", str(costs))
+
+
+@best_k.case
+def matches_the_fastest_k_on_random_settings(impl: Callable) -> None:
+    """Picks the fastest k on 300 random acceptance rates and costs."""
+    rng = random.Random(77)
+    done = 0
+    while done < 300:
+        alpha, cost = round(rng.random(), 3), round(rng.random() * 0.5, 3)
+        verify = [1.0]
+        for _ in range(rng.randrange(1, 8)):
+            verify.append(round(verify[-1] + rng.random() * 0.4, 3))
+        speedups = sorted(_speedups(alpha, cost, verify), reverse=True)
+        if speedups[0] - speedups[1] < 1e-6:  # a near-tie: either k would be right
+            continue
+        done += 1
+        _best_k(impl, alpha, cost, verify, f"trial {done}")

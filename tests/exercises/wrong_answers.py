@@ -826,6 +826,49 @@ def ngram_without_overlap(tokens, k, n_max, n_min):
     return []
 
 
+# ----------------------------------------------------------------------------- ch07.best_k
+
+
+def _fastest_of(speed: list[float]) -> int:
+    best = 0
+    for k in range(1, len(speed)):
+        if speed[k] > speed[best]:
+            best = k
+    return best
+
+
+@wrong("ch07.best_k", "Every guess costs a draft pass")
+def best_k_most_tokens_per_pass(alpha, draft_cost, verify_cost):
+    tokens = [sum(alpha**i for i in range(k + 1)) for k in range(len(verify_cost))]
+    return _fastest_of([t / verify_cost[k] for k, t in enumerate(tokens)])  # WRONG: the draft's passes are free
+
+
+@wrong("ch07.best_k", "plus the target's own token")
+def best_k_without_the_bonus(alpha, draft_cost, verify_cost):
+    tokens = [sum(alpha**i for i in range(k)) or 1.0 for k in range(len(verify_cost))]  # WRONG: 1 + ... + α^(k-1)
+    return _fastest_of([t / (verify_cost[k] + k * draft_cost) for k, t in enumerate(tokens)])
+
+
+@wrong("ch07.best_k", "k = 0 unless some k is strictly faster")
+def best_k_always_speculates(alpha, draft_cost, verify_cost):
+    tokens = [sum(alpha**i for i in range(k + 1)) for k in range(len(verify_cost))]
+    speed = [t / (verify_cost[k] + k * draft_cost) for k, t in enumerate(tokens)]
+    return max(range(1, len(speed)), key=lambda k: (speed[k], -k))  # WRONG: never answers "do not speculate"
+
+
+@wrong("ch07.best_k", "costs verify_cost[k] decode steps")
+def best_k_with_free_verification(alpha, draft_cost, verify_cost):
+    tokens = [sum(alpha**i for i in range(k + 1)) for k in range(len(verify_cost))]
+    return _fastest_of([t / (1 + k * draft_cost) for k, t in enumerate(tokens)])  # WRONG: a pass always costs 1
+
+
+@wrong("ch07.best_k", "costs verify_cost[k] decode steps")
+def best_k_verify_cost_off_by_one(alpha, draft_cost, verify_cost):
+    tokens = [sum(alpha**i for i in range(k + 1)) for k in range(len(verify_cost))]
+    return _fastest_of([t / (verify_cost[max(k - 1, 0)] + k * draft_cost)  # WRONG: the pass over k tokens
+                        for k, t in enumerate(tokens)])
+
+
 # ----------------------------------------------------------------------------- ch08.pad
 
 
