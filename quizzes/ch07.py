@@ -45,8 +45,8 @@ QUESTIONS = [
                 "byte, the pass waits on memory and extra tokens ride along almost free; above it each token "
                 "costs its arithmetic. So batch x (k + 1) decides: 160 at k = 4 is at the ridge (fewer guesses, "
                 "k = 2 and 96 tokens, stay under it), and every sequence's KV cache adds bytes, which keeps the "
-                "pass memory-bound a little longer. On this "
-                "course's CPU the ridge comes far sooner: the saved benchmark lost at batch 16.",
+                "pass memory-bound a little longer. A laptop "
+                "CPU's arithmetic is far slower, so there the gain fades at much smaller batches (section 4).",
              why_not=("Tokens per pass stay the same, but the cost of a pass does not once it leaves the "
                       "memory-bound regime.", None,
                       "A decode step at batch 32 carries 32 tokens, a fifth of the ridge point: still memory-bound. "
