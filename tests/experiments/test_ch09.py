@@ -1,0 +1,80 @@
+"""Chapter 9's live experiments hold or warn under load, and their words follow their numbers: a
+streamed request and two load runs against a real server (uvicorn in a thread, a tiny model)."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from experiments.ch09 import describe_load, little_rows, little_words, load_at_two_rates, streaming_timing
+from minillm.async_engine import AsyncLLM
+from minillm.config import EngineConfig
+from minillm.engine import LLMEngine
+from minillm.server import build_app
+from tests.cpu_hog import cpu_hog
+from tests.hf_reference import ByteTokenizer
+from tests.test_engine import paged_budget
+from tests.test_server import _Server
+
+PROMPTS = [f"Request {i}: " + "to be or not to be, " * (1 + i % 3) for i in range(5)]
+
+
+@pytest.fixture(scope="module")
+def server(model):
+    config = EngineConfig(max_num_seqs=4, max_model_len=256, kv="paged", block_size=16,
+                          kv_cache_bytes=paged_budget(model, 16, 64))
+    served = _Server(build_app(AsyncLLM(engine=LLMEngine(model, ByteTokenizer(), config)), "tiny"))
+    yield served
+    served.stop()
+
+
+def _load(server, rounds: int = 2):
+    # a few seconds at most: five requests per run, eight tokens each
+    return load_at_two_rates(server.url, "tiny", PROMPTS, light=8.0, heavy=200.0, rounds=rounds, max_tokens=8)
+
+
+def test_under_a_cpu_hog_the_findings_hold_or_the_guard_fires(server):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    with cpu_hog():
+        streamed = streaming_timing(client, "tiny", max_tokens=8, repeats=2)
+        loaded = _load(server)
+    assert streamed.warning or streamed.holds, streamed.text
+    assert loaded.warning or loaded.holds, loaded.text
+    assert "rerun the load cell of section 2" in (loaded.warning or "rerun the load cell of section 2")
+
+
+def test_the_words_are_the_numbers(server):
+    finding = _load(server, rounds=1)
+    n = finding.numbers
+    for key in ("ttft_light_s", "ttft_heavy_s"):
+        assert f"{n[key] * 1e3:,.0f} ms" in finding.text
+    assert f"{n['throughput_gain']:.1f}x" in finding.text
+    rows = little_rows(finding)
+    assert len(rows) == 2 and all(lam > 0 and w > 0 for _, _, (lam, w, _) in rows)
+    assert little_words(rows)
+
+
+def _numbers(**changes) -> dict:
+    return {"rates": (4.0, 24.0), "ttft_light_s": 0.06, "tpot_light_s": 0.02, "ttft_heavy_s": 1.5, "slo_ttft_s": 0.5,
+            "slo_tpot_s": 0.05, "queueing": 25.0,
+            "queueing_rounds": (24.0, 26.0), "queueing_agrees": True, "rounds": 2, "requests": 30, "met_light": 30,
+            "met_heavy": 8, "finished_heavy": 7.0, "tokens_light": 200, "tokens_heavy": 450, "throughput_gain": 2.2,
+            "throughput_rounds": (2.1, 2.3), "goodput_light": 3.4, "goodput_heavy": 1.1} | changes
+
+
+@pytest.mark.parametrize(("changes", "holds", "says"), [
+    ({}, True, "could not keep up"),
+    ({"ttft_light_s": 0.9}, False, "Even at 4 requests/s the server fell behind"),
+    ({"met_light": 1, "tpot_light_s": 0.14}, False, "only 1 of 30 requests met the SLO"),
+    ({"ttft_heavy_s": 0.3, "queueing": 5.0}, False, "Even at 24 requests/s it kept up"),
+    ({"queueing_agrees": False, "queueing_rounds": (0.8, 40.0)}, False, "the rounds do not agree"),
+])
+def test_the_words_follow_each_outcome(changes, holds, says):
+    text, held = describe_load(_numbers(**changes))
+    assert held == holds and says in text
+    assert "1,500 ms" in text or "300 ms" in text
+
+
+def test_little_words_say_when_the_law_and_the_samples_part():
+    assert "agree within" in little_words([(4.0, 1, (3.4, 1.1, 3.8))])
+    assert "differ by up to" in little_words([(4.0, 1, (3.4, 1.1, 2.0))])
