@@ -22,8 +22,8 @@ def diagnose(dashboard: dict) -> dict:
         # every prompt starts with the same tokens, and none of them was found cached
         return {"cause": lab.CAUSES[3], "fix": {"prefix_cache": True}}
     # the gaps' tail is a step that ran a whole long prompt: chunks small enough for the ITL target (a
-    # decode step, plus up to three prompts' chunks in one step), in whole blocks; not so small that a
-    # long prompt's TTFT grows past its target
+    # decode step, plus up to three prompts' chunks in one step), in whole blocks — but at least 32
+    # tokens: a long prompt cut into tiny chunks takes so many steps that its TTFT misses
     chunk = (d["slo_itl_p99_s"] - d["step_p50_s"]) / (3 * lab.COURSE_STEP_TIME.per_prompt_token)
     return {"cause": lab.CAUSES[2],
             "fix": {"chunked_prefill": True, "max_tokens_per_prefill_chunk": max(32, int(chunk) // 16 * 16)}}
