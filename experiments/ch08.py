@@ -176,8 +176,9 @@ def describe_padding(trials: Trials, batch: int, bucket: int) -> Finding:
     against_rows = _paired(trials, big, small, scale=bucket / batch, check=True)
     growth, from_one = _paired(trials, big, small), _paired(trials, big, one)
     step_s = {n: trials.best(_requests(n), _seconds) for n in (1, batch, bucket)}
-    row_share, time_share = (bucket - batch) / bucket, 1 - 1 / growth.value
+    row_share, time_share = (bucket - batch) / bucket, max(1 - 1 / growth.value, 0.0)
     holds = against_rows.value < 1 and against_rows.agrees
+    cost = f"about {time_share:.0%}" if time_share >= 0.005 else "no share these runs could see"
     head = (f"Padding a batch of {batch} up to bucket {bucket} adds {bucket - batch} rows: {row_share:.0%} of the "
             f"rows the step computes. The eager step took {step_s[1] * 1e3:.2f} ms for 1 request, "
             f"{step_s[batch] * 1e3:.2f} ms for {batch} and {step_s[bucket] * 1e3:.2f} ms for {bucket} (each the median "
@@ -185,7 +186,7 @@ def describe_padding(trials: Trials, batch: int, bucket: int) -> Finding:
     if holds:
         text = head + (f"Round by round, {bucket} requests took {growth:.2f}x the time of {batch} (the median of "
                        f"{_rounds(growth)}; as many more rows would be {bucket / batch:.2f}x), so the padding rows "
-                       f"cost about {time_share:.0%} of the padded step's time, not {row_share:.0%}. {bucket} rows "
+                       f"cost {cost} of the padded step's time, not {row_share:.0%}. {bucket} rows "
                        f"took {from_one:.1f}x one row, not {bucket}x: a decode step streams every weight from memory "
                        f"once, however many rows it multiplies. (Padding rows in a recorded step cost even less: "
                        f"each attends to one token of the pad block.)")

@@ -86,7 +86,11 @@ def test_padding_is_worded_both_ways():
     memory_bound = describe_padding(_trials({"1 request": [_served(3e-3)] * 2, "9 requests": [_served(4e-3)] * 2,
                                              "16 requests": [_served(5e-3), _served(5.16e-3)]}), 9, 16)
     assert memory_bound.holds and memory_bound.warning is None
-    assert "1.27x the time of 9" in memory_bound.text and "not 44%" in memory_bound.text
+    assert "1.27x the time of 9" in memory_bound.text and "cost about 21% of the padded step's time, not 44%" \
+        in memory_bound.text
+    no_cost = describe_padding(_trials({"1 request": [_served(3e-3)] * 2, "9 requests": [_served(4e-3)] * 2,
+                                        "16 requests": [_served(3.9e-3)] * 2}), 9, 16)
+    assert no_cost.holds and "cost no share these runs could see" in no_cost.text  # never a negative share
     compute_bound = describe_padding(_trials({"1 request": [_served(1e-3)] * 2, "9 requests": [_served(9e-3)] * 2,
                                               "16 requests": [_served(16e-3), _served(17e-3)]}), 9, 16)
     assert not compute_bound.holds and "grew with its rows" in compute_bound.text
