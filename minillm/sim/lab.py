@@ -134,7 +134,8 @@ def _draw(wrong: str, seed: int) -> tuple[tuple[SimRequest, ...], dict, dict, fl
         (rng.randint(4, 10), rng.randint(600, 1400)) if rng.random() < 0.5 else (0, 0))
     long_len = min(long_len, MAX_MODEL_LEN - system - output * 3 // 2 - BLOCK_SIZE)  # every request fits the context
     # the rate: the healthy server at about half its capacity, for this mix of prompt and output tokens,
-    # with ~12 decodes a step (or ~32: a busier server, where a memory or slot limit bites harder)
+    # with ~12 decodes a step (or ~32: a busier server, where a memory or slot limit bites harder); the
+    # system prompt counts where the prefix cache is what goes wrong, so that it is a slowdown, not a flood
     batch = rng.choice((12, 12, 32)) if wrong in ("max_num_seqs", "num_blocks") else 12
     prompt_work = (own + (0 if wrong != "prefix_cache" else system)
                    + (long_len / long_every if long_every else 0)) * COURSE_STEP_TIME.per_prompt_token
@@ -153,7 +154,7 @@ def _draw(wrong: str, seed: int) -> tuple[tuple[SimRequest, ...], dict, dict, fl
         broken = {"max_num_seqs": rng.choice((2, 3, 4))}
     elif wrong == "num_blocks":
         broken = {"num_blocks": int(_blocks(longest) * rng.uniform(1.2, 2.5))}
-    elif wrong == "chunked_prefill":  # its chunk size kept, but unused while chunking is off
+    elif wrong == "chunked_prefill":  # and a chunk size that only matters once chunking is on again
         broken = {"chunked_prefill": False, "max_tokens_per_prefill_chunk": rng.choice((256, 512, 1024))}
     else:
         broken = {"prefix_cache": False}
