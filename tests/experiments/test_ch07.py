@@ -27,7 +27,7 @@ def test_under_a_cpu_hog_the_findings_hold_or_the_guard_fires(models):
     target, draft, tokenizer = models
     with cpu_hog():
         costs = _small_costs(target, draft)
-        run = speculation_speedup(target, tokenizer, _passages(tokenizer), k=2, new_tokens=16, rounds=2,
+        run = speculation_speedup(target, tokenizer, _passages(tokenizer), k=2, new_tokens=8, rounds=2,
                                   costs=costs.numbers)
     assert costs.warning or costs.holds, costs.text
     assert run.warning or run.holds, run.text
