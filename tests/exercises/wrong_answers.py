@@ -638,47 +638,6 @@ def chunked_step_admitting_only_whole_chunks(running, waiting, free_slots, max_t
     return plan
 
 
-# ----------------------------------------------------------------------------- ch07.acceptance
-
-
-def _one_hot(guess: int, size: int) -> list[float]:
-    return [1.0 if t == guess else 0.0 for t in range(size)]
-
-
-@wrong("ch07.acceptance", "At the first rejection")
-def acceptance_resampling_from_p(drafted, p, q, uniforms, draw):
-    kept = []
-    for i, guess in enumerate(drafted):
-        q_i = q[i] if q is not None else _one_hot(guess, len(p[i]))
-        if q_i[guess] > 0 and uniforms[i] < min(1.0, p[i][guess] / q_i[guess]):
-            kept.append(guess)
-            continue
-        return kept + [draw(list(p[i]))]  # WRONG: resamples from p, not from the residual max(0, p - q)
-    return kept + [draw(list(p[len(drafted)]))]
-
-
-@wrong("ch07.acceptance", "accepted with probability p/q")
-def acceptance_with_p_alone(drafted, p, q, uniforms, draw):
-    kept = []
-    for i, guess in enumerate(drafted):
-        q_i = q[i] if q is not None else _one_hot(guess, len(p[i]))
-        if uniforms[i] < p[i][guess]:  # WRONG: ignores q: accepts with probability p, not min(1, p / q)
-            kept.append(guess)
-            continue
-        residual = [max(0.0, a - b) for a, b in zip(p[i], q_i)]
-        total = sum(residual)
-        return kept + [draw([r / total for r in residual] if total > 0 else list(p[i]))]
-    return kept + [draw(list(p[len(drafted)]))]
-
-
-@wrong("ch07.acceptance", "bonus comes from p[k]")
-def acceptance_without_a_bonus(drafted, p, q, uniforms, draw):
-    kept = []
-    for i, guess in enumerate(drafted):
-        q_i = q[i] if q is not None else _one_hot(guess, len(p[i]))
-        if q_i[guess] > 0 and uniforms[i] < min(1.0, p[i][guess] / q_i[guess]):
-            kept.append(guess)
-            continue
 # ----------------------------------------------------------------------------- ch06.choose_chunk
 
 
@@ -777,6 +736,47 @@ def choose_chunk_with_fixed_contexts(cost, decode_contexts, prompt_len, itl_targ
     return _earliest(within)
 
 
+# ----------------------------------------------------------------------------- ch07.acceptance
+
+
+def _one_hot(guess: int, size: int) -> list[float]:
+    return [1.0 if t == guess else 0.0 for t in range(size)]
+
+
+@wrong("ch07.acceptance", "At the first rejection")
+def acceptance_resampling_from_p(drafted, p, q, uniforms, draw):
+    kept = []
+    for i, guess in enumerate(drafted):
+        q_i = q[i] if q is not None else _one_hot(guess, len(p[i]))
+        if q_i[guess] > 0 and uniforms[i] < min(1.0, p[i][guess] / q_i[guess]):
+            kept.append(guess)
+            continue
+        return kept + [draw(list(p[i]))]  # WRONG: resamples from p, not from the residual max(0, p - q)
+    return kept + [draw(list(p[len(drafted)]))]
+
+
+@wrong("ch07.acceptance", "accepted with probability p/q")
+def acceptance_with_p_alone(drafted, p, q, uniforms, draw):
+    kept = []
+    for i, guess in enumerate(drafted):
+        q_i = q[i] if q is not None else _one_hot(guess, len(p[i]))
+        if uniforms[i] < p[i][guess]:  # WRONG: ignores q: accepts with probability p, not min(1, p / q)
+            kept.append(guess)
+            continue
+        residual = [max(0.0, a - b) for a, b in zip(p[i], q_i)]
+        total = sum(residual)
+        return kept + [draw([r / total for r in residual] if total > 0 else list(p[i]))]
+    return kept + [draw(list(p[len(drafted)]))]
+
+
+@wrong("ch07.acceptance", "bonus comes from p[k]")
+def acceptance_without_a_bonus(drafted, p, q, uniforms, draw):
+    kept = []
+    for i, guess in enumerate(drafted):
+        q_i = q[i] if q is not None else _one_hot(guess, len(p[i]))
+        if q_i[guess] > 0 and uniforms[i] < min(1.0, p[i][guess] / q_i[guess]):
+            kept.append(guess)
+            continue
         residual = [max(0.0, a - b) for a, b in zip(p[i], q_i)]
         total = sum(residual)
         return kept + [draw([r / total for r in residual] if total > 0 else list(p[i]))]
