@@ -4,6 +4,7 @@ when other processes take the CPU or the rounds disagree."""
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
 import torch
@@ -71,3 +72,16 @@ def test_under_a_cpu_hog_the_guard_fires():
     assert trials.cpu.busy, trials.cpu
     assert trials.warning().startswith("⚠ Other work was running while this measured")
     assert "other programs kept" in trials.warning()
+
+
+def test_the_hog_is_not_counted_as_ours():
+    """Found in review: the hog's loops were children of the test process, and CpuWatch counts children as
+    its own work, so on a quiet machine the guard never saw them."""
+    import psutil
+
+    with cpu_hog() as pids:
+        mine = {p.pid for p in psutil.Process().children(recursive=True)}
+        assert pids and not set(pids) & mine
+        assert all(psutil.Process(pid).is_running() for pid in pids)
+    time.sleep(0.2)
+    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in pids)
