@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import pytest
+import torch
+
 import minillm
 from experiments.ch02 import (
     DecodeSteps,
@@ -15,6 +18,19 @@ from experiments.ch02 import (
 from minillm import LLM, EngineConfig
 from minillm.timing import CpuUse, Trials
 from tests.cpu_hog import cpu_hog
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One torch thread for these tests. Under the hog every core is busy, and a second thread would
+    spend most of each operation waiting for the first to be scheduled (a short test would take
+    minutes); the guard reads the threads in use, so it judges the runs just as it would in the
+    notebook."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
 
 QUIET = CpuUse(wall_s=1.0, ours_s=1.0, others_s=0.0, cores=2, threads=2)
 
@@ -41,11 +57,11 @@ def test_decode_step_words_both_ways():
 
 def test_serial_vs_static_under_a_cpu_hog_holds_or_warns():
     model, tokenizer = minillm.load()
-    work = [("ROMEO:", 3), ("What is 1+1? Answer:", 6), ("KING:", 4)]
+    work = [("ROMEO:", 4), ("What is 1+1? Answer:", 8), ("KING:", 6)]
     with cpu_hog():
         finding = serial_vs_static(model, tokenizer, work, slots=3, rounds=2)
     assert finding.warning or finding.holds, finding.text
-    assert finding.numbers["utilisation"] == 13 / 18  # (3 + 6 + 4) busy slot-steps of 3 slots x 6 steps
+    assert finding.numbers["utilisation"] == 18 / 24  # (4 + 8 + 6) busy slot-steps of 3 slots x 8 steps
 
 
 def test_serial_vs_static_words_both_ways():

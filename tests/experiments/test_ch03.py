@@ -2,17 +2,32 @@
 
 from __future__ import annotations
 
+import pytest
+import torch
+
 from experiments.ch03 import replay_schedule, scheduler_cost, static_vs_continuous
 from tests.cpu_hog import cpu_hog
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One torch thread for these tests. Under the hog every core is busy, and a second thread would
+    spend most of each operation waiting for the first to be scheduled (a short test would take
+    minutes); the guard reads the threads in use, so it judges the runs just as it would in the
+    notebook."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def test_static_vs_continuous_under_a_cpu_hog_holds_or_warns():
-    work = [("ROMEO:", 3), ("What is 1+1? Answer:", 12), ("KING:", 4), ("JULIET:", 3)]
+    work = [("ROMEO:", 2), ("What is 1+1? Answer:", 16), ("KING:", 8), ("JULIET:", 8)]
     with cpu_hog():
         finding = static_vs_continuous(work, slots=2, rounds=2)
     assert finding.warning or finding.holds, finding.text
     n = finding.numbers
-    assert n["static"].num_steps == 12 + 4 and n["continuous"].num_steps == 12  # the schedule's, every run
+    assert n["static"].num_steps == 16 + 8 and n["continuous"].num_steps == 2 + 8 + 8  # the schedule's, every run
     assert f"{n['fewer_steps']:.2f}x fewer steps" in finding.text
 
 
