@@ -41,4 +41,17 @@ QUESTIONS = [
                 "share.",
              why_not=(None, "The benchmark compiles a bucket for every batch size it measures.",
                       "One graph per bucket is compiled once; the trace of a long run shows no recompilation.")),
+    Question("A decode step of 9 requests pads up to bucket 16: 7 of its 16 rows are padding. On a memory-bound "
+             "step, about how much of the padded step's time do those 7 rows cost?",
+             ("About 44%: the step's time is shared among its rows, and 7 of 16 are padding",
+              "Much less than 44%: the step streams every weight once whatever its rows, so a padding row adds "
+              "only its own arithmetic and its one-token attention",
+              "Nothing at all: padding rows write into the pad block, so the device skips them"),
+             1, "Padding wastes rows, not their share of the time. A memory-bound step's time is mostly the weights' "
+                "trip from memory and the host's fixed cost, both paid once per step; the rows add little. The "
+                "chapter measures it: the step of 16 against the step of 9.",
+             why_not=("That would hold for a compute-bound step, whose time grows with its rows; a decode step of a "
+                      "few rows is far from that.", None,
+                      "The padding rows are computed like any other (a recorded step cannot skip them); they are "
+                      "cheap, not free.")),
 ]
