@@ -2,6 +2,7 @@
 
     python benchmarks/chunked_prefill.py [--decoders 12] [--long-prompts 4] [--chunks 32 64 128 256 512]
     python benchmarks/chunked_prefill.py --plot-only      (redraw the plot from the saved JSON)
+    python benchmarks/chunked_prefill.py --out /tmp/check  (write the results elsewhere: a trial run)
 
 Workload (shipped target, greedy, ignore_eos): --decoders requests with short prompts (24 tokens)
 arrive at once and decode --decode-tokens tokens each; meanwhile --long-prompts prompts of
@@ -115,9 +116,10 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, nargs="+", default=[32, 64, 128, 256, 512])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--plot-only", action="store_true", help="redraw the plot from the saved JSON")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON and the plot")
     args = parser.parse_args()
     if args.plot_only:
-        plot(json.loads((RESULTS / "chunked_prefill.json").read_text()), RESULTS / "chunked_prefill.png")
+        plot(json.loads((args.out / "chunked_prefill.json").read_text()), args.out / "chunked_prefill.png")
         return
     model, tokenizer = minillm.load_model(), minillm.load_tokenizer()
     requests = workload(tokenizer, args)
@@ -143,10 +145,10 @@ def main() -> None:
             "default_chunk": DEFAULT_CHUNK, "block_size": 16, "max_num_seqs": 16, "outputs_identical": True}
     every_run = {name: [{k: v for k, v in r.items() if k != "outputs"} for r in rs] for name, rs in runs.items()}
     saved = {"meta": meta, "rows": rows, "ratios": ratios, "runs": every_run}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "chunked_prefill.json").write_text(json.dumps(saved, indent=2) + "\n")
-    plot(saved, RESULTS / "chunked_prefill.png")
-    print(f"wrote {RESULTS / 'chunked_prefill.json'} and chunked_prefill.png")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "chunked_prefill.json").write_text(json.dumps(saved, indent=2) + "\n")
+    plot(saved, args.out / "chunked_prefill.png")
+    print(f"wrote {args.out / 'chunked_prefill.json'} and chunked_prefill.png")
 
 
 def plot(saved: dict, path: Path) -> None:
