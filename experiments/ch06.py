@@ -372,7 +372,7 @@ def budgets(work: Workload, budgets: Sequence[int] = (8192, 136), chunk: int = 1
                 f"{a.ttfts[0] * 1e3:.0f} ms); the second, which waited for room, {second:.2f}x later "
                 f"({b.ttfts[-1] * 1e3:.0f} ms against {a.ttfts[-1] * 1e3:.0f} ms).")
     else:
-        shown = "; ".join(f"{name} {', '.join(f'{x:.2f}' for x in r.per_round)}" for name, r in
+        shown = "; ".join(f"{name}: {', '.join(f'{x:.2f}' for x in r.per_round)}" for name, r in
                           ((f"first prompt's TTFT, {loose} / {tight}", first),
                            (f"second prompt's TTFT, {tight} / {loose}", second),
                            (f"longest step, {loose} / {tight}", step)))
@@ -401,8 +401,8 @@ def chosen_chunk(work: Workload, chunk: int, target_s: float, cost: StepCost, ro
             f"(the model's sum of its steps: {sum(predicted) * 1e3:.0f} ms). Least disturbed of {rounds} runs.")
     if not holds:
         text += (" The step ran past the target by more than a tenth: either the machine was busy (see below) or "
-                 "the fitted model underestimates this size — the table above shows how far it is off for the "
-                 "sizes it was fitted on.")
+                 "the fitted model underestimates this size — section 1's table shows how far its predictions sit "
+                 "from what was measured.")
     return Finding(text, holds, {"run": run, "predicted": predicted}, trials)
 
 
