@@ -201,8 +201,9 @@ def the_earliest_first_token_comes_with_the_fewest_steps(impl: Callable) -> None
 def sizes_that_tie_give_the_lightest_heaviest_step(impl: Callable) -> None:
     """Sizes with the same first-token time: the one whose heaviest step is lightest"""
     _pick(impl, MS, [40] * 8, 1500, 350.0, [1400, 1000],
-          "both need 2 steps, so the first token comes at the same time; 1000's heavier step is the lighter")
-    _pick(impl, MS, [40] * 8, 1500, 250.0, [750, 1000], "both need 2 steps; 750's second chunk attends to 750 more")
+          "both need 2 steps, so the first token comes at the same time; 1000's heaviest step is lighter than 1400's")
+    _pick(impl, MS, [40] * 8, 1500, 250.0, [750, 1000],
+          "both need 2 steps; 750's second chunk, 750 tokens after 750 others, is the heaviest")
     _pick(impl, MS, [40] * 8, 1500, 400.0, [4096, 64, 2048],
           "2048 and 4096 both take the whole prompt in one step, the same step: the smaller")
 
