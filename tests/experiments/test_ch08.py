@@ -50,6 +50,9 @@ def _all(model, tokenizer, prompts, batches=(1, 3), new_tokens=3):
 
 
 def test_under_a_cpu_hog_each_finding_holds_or_the_guard_fires(shipped):
+    """With torch's threads as the notebook has them (every core): the recorded engine here is not compiled,
+    so its claim to be faster need not hold, and the guard must fire; with one thread the hog would leave a
+    spare core and the guard might stay silent on a run that merely came out either way."""
     with cpu_hog():
         findings = _all(*shipped, batches=(3,), new_tokens=2)
     for finding in findings:
