@@ -9,9 +9,11 @@ two Python instructions: it stops a Python loop, not a single call stuck in C co
 
 from __future__ import annotations
 
+import contextvars
 import ctypes
 import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -22,31 +24,45 @@ class TimeLimitExceeded(BaseException):
 
 
 def within(seconds: float, fn: Callable[[], Any]) -> Any:
-    """fn(), stopped with TimeLimitExceeded after `seconds`."""
+    """fn(), stopped with TimeLimitExceeded after `seconds`. Limits nest: inside another `within`,
+    whichever deadline comes first stops it."""
     if hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread():
         return _with_timer_signal(seconds, fn)
     return _in_helper_thread(seconds, fn)
 
 
 def _with_timer_signal(seconds: float, fn: Callable[[], Any]) -> Any:
-    def stop(signum, frame):
-        raise TimeLimitExceeded(f"stopped after {seconds:g} s")
+    """The timer signal's own clock holds the deadlines: an enclosing limit's time left is read from
+    it before this one is armed, and given back (less the time spent here) afterwards."""
+    outer_left, _ = signal.getitimer(signal.ITIMER_REAL)
+    previous = signal.getsignal(signal.SIGALRM)
+    mine = not outer_left or seconds <= outer_left  # else the enclosing deadline comes first
 
-    previous = signal.signal(signal.SIGALRM, stop)
-    signal.setitimer(signal.ITIMER_REAL, seconds, 0.5)  # and again every 0.5 s, should the code catch it
+    def stop(signum, frame):
+        if mine or not callable(previous):
+            raise TimeLimitExceeded(f"stopped after {seconds:g} s")
+        previous(signum, frame)  # the enclosing limit's time is up: its handler says so
+
+    started = time.perf_counter()
+    signal.signal(signal.SIGALRM, stop)
+    # fire at the nearer deadline, then again every 0.5 s should the code catch the exception
+    signal.setitimer(signal.ITIMER_REAL, min(seconds, outer_left) if outer_left else seconds, 0.5)
     try:
         return fn()
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        if outer_left:  # the enclosing limit goes on with what is left of it (at once if nothing is)
+            signal.setitimer(signal.ITIMER_REAL, max(outer_left - (time.perf_counter() - started), 1e-3), 0.5)
 
 
 def _in_helper_thread(seconds: float, fn: Callable[[], Any]) -> Any:
     outcome: dict[str, Any] = {}
+    context = contextvars.copy_context()  # a thread starts with an empty context: take the caller's
 
     def target():
         try:
-            outcome["value"] = fn()
+            outcome["value"] = context.run(fn)
         except BaseException as err:  # handed back to the caller's thread below
             outcome["error"] = err
 

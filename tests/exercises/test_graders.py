@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from exercises.grading import EXERCISES, check, load, run
+from exercises.grading import EXERCISES, check, core, load, run
 from exercises.grading.ch01 import _cached_tiny_model
+from exercises.grading.core import Exercise, call, expect
 from tests.exercises.wrong_answers import WRONG
 
 NAMES = sorted(EXERCISES)
@@ -222,3 +223,37 @@ def test_an_unchained_block_key_fails_only_the_chaining_rules_and_names_the_firs
     assert count_rule.passed, count_rule.line()
     failures = [r.line() for r in results if not r.passed]
     assert any("(key 1 is the first that differs)" in line for line in failures), "\n".join(failures)
+
+
+def test_the_graders_own_work_does_not_count_against_the_learner(monkeypatch):
+    """Found by a learner walk: a correct block_keys timed out on a busy machine, because the case's own
+    engine run counted against the learner's 10 s; the limit now bounds each call of the learner's code."""
+    ex = Exercise("zz.slow_grader", "ch02_slot_utilisation", "slot_utilisation", time_limit_s=0.3)
+
+    @ex.case
+    def slow_setup_then_a_quick_call(fn):
+        """A case whose own work outlasts the learner's limit."""
+        time.sleep(0.6)  # the grader running an engine to compare with, say
+        expect(call("fn()", 1, fn) == 1, "fn()", 1, "something else")
+
+    monkeypatch.setitem(EXERCISES, ex.name, ex)
+    (result,) = run(ex.name, lambda: 1)
+    assert result.passed, result.line()
+
+
+def test_a_grader_too_slow_for_the_machine_is_not_blamed_on_the_learner(monkeypatch):
+    ex = Exercise("zz.stuck_grader", "ch02_slot_utilisation", "slot_utilisation", time_limit_s=0.3)
+
+    @ex.case
+    def stuck(fn):
+        """A case whose own work never ends."""
+        while True:
+            time.sleep(0.05)
+
+    monkeypatch.setitem(EXERCISES, ex.name, ex)
+    monkeypatch.setattr(Exercise, "case_limit_s", property(lambda self: 0.5))
+    monkeypatch.setattr(core, "_NOT_THEIRS", (*core._NOT_THEIRS, str(Path(__file__).parent)))  # it is grader code
+    (result,) = run(ex.name, lambda: 1)
+    assert result.status == "timed out"
+    assert "the grader's own work (not your code) did not finish within 0.5 s" in result.got
+    assert "endless loop" not in result.line()
