@@ -27,8 +27,9 @@ class Finding:
         return self.trials.warning() if self.trials is not None else None
 
     def show(self) -> None:
-        """Print the words, wrapped to 100 columns, and the guard's warning if it fired."""
+        """Print the words, wrapped to 100 columns — after the guard's warning when it fired, so that
+        they read as what a disturbed run showed, not as settled."""
+        if self.warning:
+            print(textwrap.fill(self.warning, 100) + "\n")
         for paragraph in self.text.split("\n"):
             print(textwrap.fill(paragraph, 100) if paragraph.strip() else "")
-        if self.warning:
-            print("\n" + textwrap.fill(self.warning, 100))

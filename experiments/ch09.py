@@ -204,7 +204,8 @@ def load_at_two_rates(url: str, model: str, prompts: list[str], light: float = 4
                "goodput_light": trials.median("light", lambda run: run.summary["goodput"]),
                "goodput_heavy": trials.median("heavy", lambda run: run.summary["goodput"]),
                "requests": len(prompts), "slo_ttft_s": slo.ttft_s, "slo_tpot_s": slo.tpot_s, "rounds": rounds}
-    queueing, throughput = trials.ratio("heavy", "light", ttft), trials.ratio("heavy", "light", tokens)
+    queueing = trials.ratio("heavy", "light", ttft, what="TTFT p50")
+    throughput = trials.ratio("heavy", "light", tokens, what="output throughput")
     numbers |= {"queueing": queueing.value, "queueing_rounds": queueing.per_round, "queueing_agrees": queueing.agrees,
                 "throughput_gain": throughput.value, "throughput_rounds": throughput.per_round}
     text, holds = describe_load(numbers)

@@ -16,6 +16,7 @@ and comparisons whose rounds point different ways.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import statistics
 import time
@@ -104,11 +105,13 @@ def _busy_seconds() -> float:
 
 @dataclass(frozen=True)
 class PairedRatio:
-    """num / den within each round, and their median: `value`."""
+    """num / den within each round, and their median: `value`. `what` names the metric (in the
+    guard's words: "output throughput, heavy / light, went both ways")."""
 
     num: str
     den: str
     per_round: tuple[float, ...]
+    what: str | None = None
 
     @property
     def value(self) -> float:
@@ -147,9 +150,12 @@ class Trials(Generic[T]):
     def median(self, name: str, metric: Metric | None = None) -> float:
         return statistics.median(self.values(name, metric))
 
-    def ratio(self, num: str, den: str, metric: Metric | None = None) -> PairedRatio:
-        """metric(num) / metric(den), round by round; the warning then checks that the rounds agree."""
-        ratio = PairedRatio(num, den, tuple(a / b for a, b in zip(self.values(num, metric), self.values(den, metric))))
+    def ratio(self, num: str, den: str, metric: Metric | None = None, *, what: str | None = None) -> PairedRatio:
+        """metric(num) / metric(den), round by round; the warning then checks that the rounds agree.
+        A round whose `den` is 0 gives inf (or nan, when `num` is 0 too): it agrees with nothing."""
+        per_round = tuple(a / b if b else (math.inf if a else math.nan)
+                          for a, b in zip(self.values(num, metric), self.values(den, metric)))
+        ratio = PairedRatio(num, den, per_round, what)
         self.checked.append(ratio)
         return ratio
 
@@ -167,7 +173,8 @@ class Trials(Generic[T]):
         for r in self.checked:
             if not r.agrees:
                 shown = ", ".join(f"{x:.2f}" for x in r.per_round)
-                found.append(f"{r.num} / {r.den} went both ways over the rounds ({shown})")
+                named = f"{r.what}, {r.num} / {r.den}," if r.what else f"{r.num} / {r.den}"
+                found.append(f"{named} went both ways over the rounds ({shown})")
         if metric is not None:
             for name in self.results:
                 if self.spread(name, metric) > MAX_SPREAD:
@@ -183,25 +190,42 @@ class Trials(Generic[T]):
         found = self.problems(metric)
         if not found:
             return None
-        return ("⚠ Other work was running while this measured: " + "; ".join(found) + ". Timings taken now "
-                "can be off by a lot, either way: close other programs (a video call, a build, many browser tabs) "
-                f"and rerun {self.rerun}.")
+        return ("⚠ Other work was running while this measured: " + "; ".join(found) + ". The numbers below "
+                "can be off by a lot, either way, and so can what they seem to show: close other programs (a video "
+                f"call, a build, many browser tabs) and rerun {self.rerun}.")
 
 
 def interleaved(runs: Mapping[str, Callable[[], T]], rounds: int = 3, *, warmup: bool = False,
-                rerun: str = "this cell", include: Sequence[int] = ()) -> Trials[T]:
+                rerun: str = "this cell", include: Sequence[int] = (), progress: bool = True) -> Trials[T]:
     """Run every configuration once per round, rotating the order each round; `warmup` first runs
-    each once unrecorded. The machine's CPU use is watched over all the recorded rounds."""
+    each once unrecorded. The machine's CPU use is watched over all the recorded rounds. With
+    `progress`, it first says if the machine is busy already, then which round is running (one line,
+    rewritten), then how long it all took."""
     if rounds < 1 or not runs:
         raise ValueError(f"need at least one round and one configuration, got {rounds} rounds, {len(runs)} runs")
     names = list(runs)
+    if progress:
+        with CpuWatch(include) as glance:
+            time.sleep(0.25)
+        if glance.use is not None and glance.use.busy:
+            print(f"⚠ Before measuring: {glance.use.describe()}. The timings below will be disturbed.", flush=True)
     if warmup:
         for name in names:
+            _say(progress, f"warming up: {name}")
             runs[name]()
     results: dict[str, list[T]] = {name: [] for name in names}
     with CpuWatch(include) as watch:
         for r in range(rounds):
             for name in names[r % len(names):] + names[: r % len(names)]:
+                _say(progress, f"measuring: round {r + 1} of {rounds}, {name}")
                 results[name].append(runs[name]())
     assert watch.use is not None
+    _say(progress, f"measured {len(names)} configuration{'s' * (len(names) > 1)} x {rounds} "
+                   f"round{'s' * (rounds > 1)} in {watch.use.wall_s:.1f} s", end="\n")
     return Trials(results, watch.use, rerun)
+
+
+def _say(progress: bool, text: str, end: str = "") -> None:
+    """One progress line, rewritten in place (a terminal and a notebook both honour the carriage return)."""
+    if progress:
+        print(f"\r{text[:96]:<96}", end=end, flush=True)

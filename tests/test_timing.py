@@ -4,6 +4,7 @@ when other processes take the CPU or the rounds disagree."""
 from __future__ import annotations
 
 import itertools
+import math
 import time
 
 import pytest
@@ -85,3 +86,22 @@ def test_the_hog_is_not_counted_as_ours():
         assert all(psutil.Process(pid).is_running() for pid in pids)
     time.sleep(0.2)
     assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in pids)
+
+
+def test_a_zero_denominator_gives_a_ratio_that_agrees_with_nothing():
+    """Found by a learner walk: a load run against a stopped server divided by zero."""
+    trials = Trials({"heavy": [0.0, 5.0], "light": [0.0, 0.0]}, CpuUse(1, 1, 0, 2, 2))
+    ratio = trials.ratio("heavy", "light", what="output throughput")
+    assert math.isnan(ratio.per_round[0]) and ratio.per_round[1] == math.inf and not ratio.agrees
+    assert "output throughput, heavy / light, went both ways" in trials.warning()
+
+
+def test_progress_says_what_runs_and_warns_before_measuring_on_a_busy_machine(capsys):
+    interleaved({"A": lambda: 1.0, "B": lambda: 1.0}, rounds=2)
+    out = capsys.readouterr().out
+    assert "measuring: round 2 of 2, A" in out and "measured 2 configurations x 2 rounds in" in out
+    with cpu_hog():
+        interleaved({"A": _matmuls}, rounds=1)
+    assert "⚠ Before measuring: other programs kept" in capsys.readouterr().out
+    interleaved({"A": lambda: 1.0}, rounds=1, progress=False)
+    assert capsys.readouterr().out == ""
