@@ -25,7 +25,7 @@ def _first_difference(got: object, want: list[int]) -> str:
     if not isinstance(got, list):
         return f" (a {type(got).__name__}, not a list)"
     if len(got) != len(want):
-        return f" ({len(got)} keys, not {len(want)})"
+        return f" ({len(got)} key{'s' * (len(got) != 1)}, not {len(want)})"
     i = next((i for i, (g, w) in enumerate(zip(got, want)) if g != w), None)
     return "" if i is None else f" (key {i} is the first that differs)"
 
@@ -281,8 +281,12 @@ def _cache_of(blocks: list[tuple[int, tuple[int, ...], int | None]], key_fn: Cal
 
 def _expect_blocks(fn: Callable, token_ids: list[int], block_size: int, cache: Cache, key_fn: Callable,
                    want: list[int], why: str) -> None:
-    shown = ", ".join(f"{k if abs(k) < 1000 else '<key>'}: {v}" for k, v in cache.items())  # long keys: unreadable
-    given = f"reusable_blocks({token_ids}, block_size={block_size}, cache={{{shown}}}, key_fn={key_fn.__name__})"
+    blocks = {tuple(token_ids[i : i + block_size]) for i in range(0, len(token_ids), block_size)}
+    relevant = {k: v for k, v in cache.items() if v[1] in blocks}  # a big cache: only the entries that could matter
+    shown = ", ".join(f"{k if abs(k) < 1000 else '<key>'}: {v}" for k, v in relevant.items())  # long keys: unreadable
+    others = f", and {len(cache) - len(relevant)} entries holding other tokens" if len(relevant) < len(cache) else ""
+    given = (f"reusable_blocks({token_ids}, block_size={block_size}, cache={{{shown}}}{others}, "
+             f"key_fn={key_fn.__name__})")
     got = call(given, f"{want} ({why})", fn, list(token_ids), block_size, dict(cache), key_fn)
     expect(isinstance(got, list) and got == want, given, f"{want} ({why})", repr(got))
 
