@@ -65,6 +65,14 @@ def test_a_reference_found_nowhere_shows_the_still_picture():
     assert VIEW not in second["data"] and second["data"]["text/html"] == NOT_SAVED
 
 
+def test_a_notebook_without_widgets_saves_no_widget_state():
+    """JupyterLab writes an empty state into every notebook it saves; chapter 00 has no widget, and its
+    committed file has no state (found by the browser test: a save right after opening changed it)."""
+    nb = notebook([], {})
+    mend(nb, {})
+    assert "widgets" not in nb["metadata"]
+
+
 def test_the_hook_reads_the_file_on_disk(tmp_path):
     (tmp_path / "ch.ipynb").write_text(json.dumps(notebook([widget_output("b0")], SAVED)))
     saving = {"type": "notebook", "content": notebook([widget_output("b0")], {})}

@@ -56,10 +56,12 @@ def mend(notebook: dict, on_disk: dict[str, dict]) -> None:
     for model_id, m in known.items():  # links between kept widgets (Play ↔ slider) come along
         if m.get("model_name") in LINKS and set(_references(m)) <= set(kept):
             kept[model_id] = m
-    if kept or STATE in widgets:
+    if kept:
         version = widgets.get(STATE, {})
         notebook["metadata"]["widgets"] = {STATE: {"version_major": version.get("version_major", 2),
                                                    "version_minor": version.get("version_minor", 0), "state": kept}}
+    else:  # no widget to show: no state at all, so a chapter without widgets saves as it was committed
+        notebook["metadata"].pop("widgets", None)
 
 
 def _widget_outputs(notebook: dict) -> list[dict]:
