@@ -44,7 +44,7 @@ lab: $(STAMP)
 		$(ALLOW_ROOT) $(LAB_ARGS)
 
 test: $(STAMP) lint
-	$(PY) -m pytest tests chapters $(NBVAL)
+	$(PY) -m pytest tests chapters $(NBVAL) --durations=25  # the slowest tests listed: CI has 30 minutes
 
 unit: $(STAMP)
 	$(PY) -m pytest tests
