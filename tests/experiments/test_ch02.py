@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 import minillm
 from experiments.ch02 import (
@@ -19,20 +18,10 @@ from minillm import LLM, EngineConfig
 from minillm.timing import CpuUse, Trials
 from tests.cpu_hog import cpu_hog
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One torch thread for these tests. Under the hog every core is busy, and a second thread would
-    spend most of each operation waiting for the first to be scheduled (a short test would take
-    minutes); the guard reads the threads in use, so it judges the runs just as it would in the
-    notebook."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/experiments/conftest.py
 
 
-QUIET = CpuUse(wall_s=1.0, ours_s=1.0, others_s=0.0, cores=2, threads=2)
+QUIET = CpuUse(wall_s=1.0, ours_s=1.0, others_s=0.0, cores=2, threads=2)  # a quiet second of two threads
 
 
 def test_decode_steps_under_a_cpu_hog_hold_or_warn():

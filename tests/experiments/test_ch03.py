@@ -3,22 +3,11 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from experiments.ch03 import replay_schedule, scheduler_cost, static_vs_continuous
 from tests.cpu_hog import cpu_hog
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One torch thread for these tests. Under the hog every core is busy, and a second thread would
-    spend most of each operation waiting for the first to be scheduled (a short test would take
-    minutes); the guard reads the threads in use, so it judges the runs just as it would in the
-    notebook."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/experiments/conftest.py
 
 
 def test_static_vs_continuous_under_a_cpu_hog_holds_or_warns():

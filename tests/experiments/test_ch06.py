@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from experiments.ch06 import (
     StepCost,
@@ -27,15 +26,7 @@ from tests.cpu_hog import cpu_hog
 SAVED = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "chunked_prefill.json"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One torch thread: under the hog every core is busy, and a second thread would spend most of each
-    operation waiting for the first to be scheduled; the guard reads the threads in use, so it judges
-    the runs as it would in the notebook."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/experiments/conftest.py
 
 
 @pytest.fixture(scope="module")
