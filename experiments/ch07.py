@@ -6,6 +6,7 @@ round, and words computed from the numbers for either outcome."""
 from __future__ import annotations
 
 import math
+import textwrap
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -43,42 +44,91 @@ def _pass_timer(model, context: int, new: int, repeats: int) -> Callable[[], flo
     return run
 
 
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], align: str) -> str:
+    """Rows as a text table; `align` has one 'l' or 'r' per column."""
+    cells = [list(headers), *map(list, rows)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["  ".join(v.rjust(w) if a == "r" else v.ljust(w) for v, w, a in zip(row, widths, align)).rstrip()
+             for row in cells]
+    return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
+
+
+class PassCosts(Finding):
+    """pass_costs' finding: `show()` prints the guard's warning (when it fired), then the table of the
+    passes, then the words about it — so that neither the numbers nor the words come before the warning."""
+
+    def table(self) -> str:
+        n = self.numbers
+        rounds = len(n["draft_per_round"])
+        heads = ["pass", "least disturbed round", "per token", f"in one-token target passes, rounds 1-{rounds}",
+                 "median"]
+        rows = [[f"target, {size} token{'s' * (size > 1)}", f"{ms:.2f} ms", f"{ms / size:.2f} ms",
+                 "  ".join(f"{r:.2f}" for r in n["per_round"][size]) if size > 1 else "(the unit)",
+                 f"{n['verify_cost'][size]:.2f}"] for size, ms in n["target_ms"].items()]
+        rows.append(["draft, 1 token", f"{n['draft_ms']:.2f} ms", f"{n['draft_ms']:.2f} ms",
+                     "  ".join(f"{r:.2f}" for r in n["draft_per_round"]), f"{n['draft_cost']:.2f}"])
+        return _table(heads, rows, "lrrrr")
+
+    def show(self) -> None:
+        if self.warning:
+            print(textwrap.fill(self.warning, 100) + "\n")
+        print(self.table() + "\n")
+        for paragraph in self.text.split("\n"):
+            print(textwrap.fill(paragraph, 100) if paragraph.strip() else "")
+
+
 def pass_costs(target, draft, context: int = 128, sizes: Sequence[int] = SIZES, rounds: int = 3,
-               repeats: int = 5) -> Finding:
+               repeats: int = 5) -> PassCosts:
     """A target pass over each of `sizes` new tokens and a one-token pass of the draft, after `context`
     cached tokens, interleaved over `rounds` (each run: the fastest of `repeats` passes).
-    numbers: target_ms {n: the least disturbed round's time}, draft_ms, verify_cost {n: a pass over n
-    tokens in one-token passes, the median of per-round ratios}, draft_cost (c: a draft pass in target
-    passes, likewise), per_round {n: the ratios of each round}."""
+    numbers: target_ms {n: the least disturbed round's time}, draft_ms (likewise), verify_cost {n: a
+    pass over n tokens in one-token passes, the median of per-round ratios}, draft_cost (c: a draft pass
+    in target passes, likewise), per_round {n: the ratios of each round}, draft_per_round.
+    The words quote the medians only (the table's last column), and read as provisional when the
+    guard fired."""
     sizes = sorted(set(sizes) | {1})
     runs = {f"target {n}": _pass_timer(target, context, n, repeats) for n in sizes}
     runs["draft 1"] = _pass_timer(draft, context, 1, repeats)
     trials = interleaved(runs, rounds, warmup=True, rerun="this cell, then the cells below it that use its numbers")
     target_ms = {n: trials.best(f"target {n}") * 1e3 for n in sizes}
-    ratios = {n: trials.ratio(f"target {n}", "target 1") for n in sizes if n > 1}
-    draft = trials.ratio("draft 1", "target 1")
+    ratios = {n: trials.ratio(f"target {n}", "target 1", what=f"a pass over {n} tokens") for n in sizes if n > 1}
+    draft = trials.ratio("draft 1", "target 1", what="a draft pass")
     verify = {1: 1.0, **{n: r.value for n, r in ratios.items()}}
     probe = PROBE if PROBE in ratios else max(ratios)
-    shown = ", ".join(f"{r:.2f}x" for r in ratios[probe].per_round)
-    holds = verify[probe] < probe / 2
-    if holds:
-        text = (f"Checking {probe} tokens costs {verify[probe]:.2f}x a one-token pass, not {probe}x (the median of "
-                f"{shown}, each round's two passes timed back to back)")
+    quiet = trials.warning() is None
+    dearer = [n for n in ratios if verify[n] > n]  # a pass over n tokens dearer than n one-token passes
+    holds = verify[probe] < probe / 2 and not dearer
+    if holds and quiet:
+        text = (f"Checking {probe} tokens costs {verify[probe]:.2f}x a one-token pass, not {probe}x (the median "
+                "column: each round's two passes ran moments apart)")
+    elif holds:
+        text = (f"In these disturbed rounds, checking {probe} tokens cost {verify[probe]:.2f}x a one-token pass, "
+                f"not {probe}x (the median column) — what a quiet machine shows too, but the warning above says "
+                "how far to trust these numbers")
+    elif dearer:
+        worst = max(dearer, key=lambda n: verify[n] / n)
+        text = (f"These rounds contradict themselves: a pass over {worst} tokens cost {verify[worst]:.2f}x a "
+                f"one-token pass, more than {worst} separate passes would, while {probe} tokens cost "
+                f"{verify[probe]:.2f}x a one-token pass. A pass reads the weights once however many tokens it "
+                "carries, so no quiet machine does that: other programs took the time, and nothing in this table "
+                "can be read as this machine's costs. Rerun the cell once the machine is quiet")
     else:
-        text = (f"Here checking {probe} tokens cost {verify[probe]:.2f}x a one-token pass ({shown} by round): not "
+        text = (f"Here checking {probe} tokens cost {verify[probe]:.2f}x a one-token pass (the median column): not "
                 f"much less than {probe} separate passes, so this run does not show the saving speculation spends "
-                "— a pass reads the weights once however many tokens it carries. If no warning follows, rerun the "
-                "cell")
+                "— a pass reads the weights once however many tokens it carries. "
+                + ("The warning above says why: rerun the cell once the machine is quiet" if not quiet
+                   else "No warning fired, so rerun the cell: a burst the guard missed is the likeliest cause"))
     largest = max(sizes)
-    if largest != probe:
+    if largest != probe and not dearer:
         text += f"; {largest} tokens cost {verify[largest]:.2f}x."
     else:
         text += "."
-    text += (f" One pass of the draft model costs {trials.best('draft 1') * 1e3:.2f} ms in its least disturbed "
-             f"round: c = {draft.value:.2f} of a target pass (the median ratio over {rounds} rounds).")
+    text += (f" One pass of the draft model {'costs' if quiet else 'cost, in these rounds,'} c = {draft.value:.2f} "
+             "of a one-token target pass (its row's median).")
     numbers = {"target_ms": target_ms, "draft_ms": trials.best("draft 1") * 1e3, "verify_cost": verify,
-               "draft_cost": draft.value, "per_round": {n: r.per_round for n, r in ratios.items()}}
-    return Finding(text, holds, numbers, trials)
+               "draft_cost": draft.value, "per_round": {n: r.per_round for n, r in ratios.items()},
+               "draft_per_round": draft.per_round}
+    return PassCosts(text, holds, numbers, trials)
 
 
 @dataclass
@@ -144,7 +194,9 @@ def speculation_speedup(target, tokenizer, passages: Sequence[Sequence[int]], k:
     over `rounds`. `costs`: pass_costs' numbers, to set the formula's prediction beside the result.
     numbers: plain_tok_s and spec_tok_s (each the least disturbed round), speedup (the median of the
     per-round ratios) and per_round, predicted (or None), the speculation metrics of the run, and
-    the last run of each ("plain", "speculative": a `Generated`)."""
+    the last run of each ("plain", "speculative": a `Generated`). The words quote each round's two
+    rates and their ratio (the median of those ratios is the speedup), and read as provisional when
+    the guard fired."""
     spec = SpeculativeConfig(method="draft", num_speculative_tokens=k)
     trials = interleaved({"plain": lambda: generate(target, tokenizer, passages, new_tokens, None),
                           "speculative": lambda: generate(target, tokenizer, passages, new_tokens, spec)},
@@ -153,42 +205,55 @@ def speculation_speedup(target, tokenizer, passages: Sequence[Sequence[int]], k:
     tokens = [o.token_ids for o in runs[0].outputs]
     assert all([o.token_ids for o in run.outputs] == tokens for run in runs), "speculation changed a greedy token"
     rate = lambda run: run.tok_per_s  # noqa: E731
-    speedup = trials.ratio("speculative", "plain", rate)
+    speedup = trials.ratio("speculative", "plain", rate, what="output speed")
     plain, fast = max(trials.values("plain", rate)), max(trials.values("speculative", rate))  # least disturbed
     last = trials.results["speculative"][-1]
     m = last.metrics
     assert m is not None
     tpp, predicted = m["tokens_per_pass"], predicted_speedup(m["tokens_per_pass"], k, costs or {})
     holds = speedup.value > 1 and speedup.agrees
-    shown = ", ".join(f"{r:.2f}x" for r in speedup.per_round)
+    quiet = trials.warning() is None
+    # each round's two rates and their ratio: the median quoted is the median of exactly these ratios
+    pairs = "; ".join(f"{p:.0f} -> {s:.0f} tokens/s ({r:.2f}x)" for p, s, r in
+                      zip(trials.values("plain", rate), trials.values("speculative", rate), speedup.per_round))
     count = sum(len(t) for t in tokens)
-    pieces = ""
+    verify = c = None
     if predicted is not None:
         verify, c = costs["verify_cost"][k + 1], costs["draft_cost"]
-        pieces = (f"{tpp:.2f} tokens a round, for a pass over {k + 1} tokens costing {verify:.2f} decode steps plus "
-                  f"{k} draft passes of {c:.2f}")
+    pieces = (f"{tpp:.2f} tokens a round, for a pass over {k + 1} tokens costing {verify:.2f} decode steps plus "
+              f"{k} draft passes of {c:.2f}") if predicted is not None else ""
+    text = (f"Same {count} tokens as plain decoding, {tpp:.2f} per target pass instead of 1. Output speed without "
+            f"and with speculation, round by round (the two engines back to back): {pairs}.")
     if holds:
-        text = (f"Same {count} tokens as plain decoding, {tpp:.2f} per target pass instead of 1. Output speed "
-                f"{plain:.0f} -> {fast:.0f} tokens/s (each the least disturbed of {rounds} runs); round by round, "
-                f"the two engines back to back, speculation was {speedup:.2f}x faster (the median of {shown}).")
+        text += (f" {'So' if quiet else 'In these disturbed rounds'} speculation was {speedup:.2f}x faster (the "
+                 "median of the rounds' ratios).")
         if predicted is not None:
             text += f" Section 1's formula on the pass costs measured above predicts {predicted:.2f}x: {pieces}."
     else:
         never = all(r <= 1 for r in speedup.per_round)
-        text = (f"Same {count} tokens as plain decoding, {tpp:.2f} per target pass instead of 1 — yet here "
-                f"speculation did not pay{'' if never else ' in every round'}: {plain:.0f} -> {fast:.0f} tokens/s, "
-                f"ratios {shown} (the median {speedup:.2f}x).")
+        text += (f" {'Here' if quiet else 'In these disturbed rounds'} speculation did not pay"
+                 f"{'' if never else ' in every round'}: the median ratio is {speedup:.2f}x.")
         if predicted is not None and predicted <= 1:
-            verify, c = costs["verify_cost"][k + 1], costs["draft_cost"]
-            text += (f" The pass costs measured above predict as much ({predicted:.2f}x): a round — a pass over "
-                     f"{k + 1} tokens costing {verify:.2f} decode steps plus {k} draft passes of {c:.2f} — costs more "
-                     f"than the {tpp:.2f} plain decode steps its tokens would have taken. On this machine, now, "
-                     f"k = {k} does not pay.")
+            if abs(predicted / speedup.value - 1) <= 0.15:
+                text += f" The pass costs measured above predict about that, {predicted:.2f}x:"
+            else:
+                text += (f" The pass costs measured above predict a loss too, though a "
+                         f"{'smaller' if predicted > speedup.value else 'larger'} one: {predicted:.2f}x, against "
+                         f"the {speedup:.2f}x measured. By them,")
+            text += (f" a round — a pass over {k + 1} tokens costing {verify:.2f} decode steps plus {k} draft passes "
+                     f"of {c:.2f} — costs more than the {tpp:.2f} plain decode steps its tokens would have taken.")
+            text += (f" On this machine, now, k = {k} does not pay." if quiet else
+                     f" If the disturbed rounds are right, k = {k} does not pay here; rerun the cells once the machine "
+                     "is quiet to know.")
         elif predicted is not None:
-            text += (f" The pass costs measured above predict {predicted:.2f}x — {pieces} — so the time went "
-                     "elsewhere, most likely to other programs. If no warning follows, rerun the cell.")
+            text += (f" Yet the pass costs measured above predict a gain, {predicted:.2f}x — {pieces} — so the time "
+                     "went to what the formula does not count: "
+                     + ("other programs, as the warning above says." if not quiet else
+                        "the engine's own bookkeeping, or a burst of other work the guard missed. Rerun the cell."))
         else:
-            text += " If no warning follows, rerun the cell."
+            text += (" The warning above says why." if not quiet else
+                     " No warning fired: rerun the cell (a burst of other work the guard missed is the likeliest "
+                     "cause).")
     text += (f"\nThe target kept {m['acceptance_rate']:.0%} of the draft's guesses (kept / guessed, the figure vLLM "
              f"reports); of the guesses it examined — after a refusal it looks at no more — it kept alpha = "
              f"{m['alpha']:.0%}, the α of section 1.")

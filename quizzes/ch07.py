@@ -3,12 +3,14 @@
 from widgets.quiz import Question
 
 QUESTIONS = [
-    Question("Why can the target check k guessed tokens in about the time of one decode step?",
+    Question("On a GPU at batch 1, why can the target check k guessed tokens in about the time of one decode step?",
              ("Because it skips the layers for the tokens that the draft model is already sure about",
               "A pass reads each weight once, however many tokens it carries",
               "Because the guesses' K/V is taken over from the draft model's own cache instead of computed"),
-             1, "At batch 1 a decode step is bound by reading the weights (chapter 1). Verifying k + 1 positions "
-                "reads them once too and adds only arithmetic, which the hardware had to spare.",
+             1, "At batch 1 a GPU's decode step is bound by reading the weights (chapter 1). Verifying k + 1 "
+                "positions reads them once too and adds only arithmetic, which the hardware had to spare. (On our "
+                "CPU the pass costs more than one step, as the chapter's first table shows — its arithmetic is "
+                "slow — but still far less than k + 1 steps, for the same reason.)",
              why_not=("Every guess goes through every layer: the target must compute its own distribution there.",
                       None, "The draft's K/V belongs to the draft model; the target computes its own.")),
     Question("Greedy decoding with speculation: the draft guessed 4 tokens, the target agrees with the first 2. "

@@ -145,3 +145,14 @@ def test_the_explorer_sliders_redraw_every_frame():
     assert f"{expected_speedup(0.5, 2, 0.5, 1.0):.2f}x" in widget.stack.children[10].value
     best = fastest_k(0.5, 0.5, [1.0] * 7)
     assert ("fastest here: k = 0" if best == 0 else f"fastest here: k = {best}") in widget.stack.children[10].value
+
+
+def test_the_explorer_says_what_its_plots_are_drawn_for_and_what_needs_the_kernel():
+    """A learner walk moved k on the saved page and the plots stayed at k = 5 without a word."""
+    widget = AcceptanceExplorer(k=4, draft_cost=0.23, verify_cost=[1.0, 1.2, 1.3, 1.4, 1.45, 1.5, 1.6])
+    assert "k = 4</b>, <b>c = 0.23</b>, a pass over k+1 tokens as measured on this machine" in widget.drawn.value
+    assert "without one they move, but the plots stay" in widget.drawn.value and widget.drawn in widget.children
+    widget.k_slider.value, widget.verify_choice.value = 6, AcceptanceExplorer.GPU
+    assert "k = 6</b>" in widget.drawn.value and AcceptanceExplorer.GPU in widget.drawn.value
+    assert widget.still_html().startswith(widget.drawn.value)
+    assert widget.verify_choice.style.button_width == "auto"  # labels are not cut short

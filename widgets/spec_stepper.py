@@ -326,15 +326,26 @@ class AcceptanceExplorer(StillFallback, W.VBox):
         self.k_slider = W.IntSlider(value=k, min=1, max=max_k, description="guesses k", **wide)
         self.cost_slider = W.FloatSlider(value=round(draft_cost, 2), min=0.0, max=max(max_draft_cost, draft_cost),
                                          step=0.01, readout_format=".2f", description="draft pass c", **wide)
+        # buttons as wide as their labels (the default width cuts "as measured on this machine" short)
         self.verify_choice = W.ToggleButtons(options=list(self.verify_options), description="a pass over k+1 tokens:",
-                                             **wide)
+                                             style={"description_width": "initial", "button_width": "auto"})
+        self.drawn = W.HTML()  # what the plots are drawn for: on a saved page, the kernel-side controls stay put
         for control in (self.k_slider, self.cost_slider, self.verify_choice):
             control.observe(lambda _: self.redraw(), names="value")
         self.redraw()
         controls = [W.HBox([self.k_slider, self.cost_slider])]
         if len(self.verify_options) > 1:
             controls.append(self.verify_choice)
-        super().__init__([*controls, self.slider, self.stack])
+        super().__init__([*controls, self.drawn, self.slider, self.stack])
+
+    def drawn_words(self) -> str:
+        """The line under the controls: the k, c and verification the plots below are drawn for, and that
+        only the acceptance slider redraws without a running kernel."""
+        verify = f", a pass over k+1 tokens {self.verify_choice.value}" if len(self.verify_options) > 1 else ""
+        return (f"<p style='color:#555;font-size:90%;margin:2px 0'>The plots are drawn for <b>k = "
+                f"{self.k_slider.value}</b>, <b>c = {self.cost_slider.value:.2f}</b>{verify}. Guesses k, draft pass c"
+                f"{' and the buttons' if verify else ''} redraw through the kernel: on a saved page without one they "
+                "move, but the plots stay as this line says; the acceptance slider works either way.</p>")
 
     def frames(self) -> list[str]:
         """One frame per acceptance rate, for the current k, draft cost and verification cost."""
@@ -346,7 +357,8 @@ class AcceptanceExplorer(StillFallback, W.VBox):
         frames = self.frames()
         for view, frame in zip(self.stack.children, frames):
             view.value = frame
-        self._still = frames[self.stack.selected_index or 0]
+        self.drawn.value = self.drawn_words()
+        self._still = self.drawn.value + frames[self.stack.selected_index or 0]
 
     def still_html(self) -> str:
         return self._still

@@ -73,8 +73,18 @@ def at_the_first_rejection_draw_from_the_normalised_residual(impl: Callable) -> 
 def later_guesses_are_not_examined_after_a_rejection(impl: Callable) -> None:
     """Nothing after the first rejected guess is kept, even guesses the target would like."""
     p = [[0.9, 0.1], [0.0, 1.0], [0.0, 1.0], [0.5, 0.5]]
-    _accept(impl, [1, 1, 1], p, None, [0.5, 0.0, 0.0], [DRAWN], "the first guess is rejected (0.5 >= 0.1)",
-            want_drawn=[1.0, 0.0])
+    # only the tokens are checked here: what the replacement is drawn from is the residual cases' rule
+    _accept(impl, [1, 1, 1], p, None, [0.5, 0.0, 0.0], [DRAWN],
+            "the first guess is rejected (0.5 >= 0.1): the two after it, which the target would keep, are not")
+
+
+@acceptance.case
+def a_residual_that_sums_to_zero_falls_back_to_p(impl: Callable) -> None:
+    """When rounding leaves the residual summing to 0 (p = q but for rounding), draw the replacement from p[i]."""
+    p, q = [[0.3, 0.7], [0.5, 0.5]], [[0.1 + 0.2, 0.7]]  # q(0) = 0.30000000000000004, a hair above p(0)
+    _accept(impl, [0], p, q, [1 - 2**-53], [DRAWN],
+            "p/q = 0.3 / 0.30000000000000004 is just below 1, so 0.9999999999999999 rejects; max(0, p - q) = [0, 0] "
+            "sums to 0: draw from p[0]", want_drawn=[0.3, 0.7])
 
 
 @acceptance.case

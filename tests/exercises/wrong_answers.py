@@ -783,6 +783,19 @@ def acceptance_without_a_bonus(drafted, p, q, uniforms, draw):
     return kept  # WRONG: all k accepted, but no bonus token drawn from p[k]
 
 
+@wrong("ch07.acceptance", "residual summing to 0")
+def acceptance_without_the_zero_sum_fallback(drafted, p, q, uniforms, draw):
+    kept = []
+    for i, guess in enumerate(drafted):
+        q_i = q[i] if q is not None else _one_hot(guess, len(p[i]))
+        if q_i[guess] > 0 and uniforms[i] < min(1.0, p[i][guess] / q_i[guess]):
+            kept.append(guess)
+            continue
+        residual = [max(0.0, a - b) for a, b in zip(p[i], q_i)]
+        return kept + [draw([r / sum(residual) for r in residual])]  # WRONG: divides by 0 when p = q but for rounding
+    return kept + [draw(list(p[len(drafted)]))]
+
+
 @wrong("ch07.acceptance", "Nothing after the first rejected guess")
 def acceptance_skipping_rejections(drafted, p, q, uniforms, draw):
     kept = []
