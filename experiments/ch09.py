@@ -1,16 +1,23 @@
-"""Chapter 9's live experiments, against a running OpenAI-compatible server: a streamed request timed
-from the client, and Poisson load at a light and a heavy rate — run in turns, round by round, with
-the server's /metrics read every 50 ms meanwhile (Little's law's L). The server's CPU time counts as
+"""Chapter 9's live experiments, against a running OpenAI-compatible server: the server itself (started
+in its own process, its log in the repository's logs/ folder), a streamed request timed from the
+client, and Poisson load at a light and a heavy rate — run in turns, round by round, with the
+server's /metrics read every 50 ms meanwhile (Little's law's L). The server's CPU time counts as
 ours (it is this kernel's child, or `include`d); other programs' CPU time is the guard's business."""
 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import math
+import socket
 import statistics
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,6 +26,8 @@ from experiments import Finding
 from minillm.loadgen import RequestRecord, Slo, run_load, summarize
 from minillm.timing import interleaved
 
+REPO = Path(__file__).resolve().parents[1]
+SERVER_LOG = REPO / "logs" / "chapter09-server.log"  # git-ignored; JupyterLab's file browser shows it
 RERUN_LOAD = "the load cell of section 2 (the Little's law cell after it reads the same runs)"
 
 
@@ -55,6 +64,99 @@ def run_async(coro: Coroutine) -> Any:
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
+
+
+# ----------------------------------------------------------------------------- the server
+
+
+@dataclass
+class Server:
+    """The chapter's server: `python -m minillm serve` in its own process (its own session, so that
+    the notebook's stop button interrupts the kernel, not the server), answering at `url`."""
+
+    process: subprocess.Popen
+    url: str
+    log: Path
+    stopped: bool = False  # by stop(): the notebook's last cell, or the first cell run again
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def poll(self) -> int | None:
+        """None while the server runs, else its exit code (as `subprocess.Popen.poll`)."""
+        return self.process.poll()
+
+    def why_not(self) -> str | None:
+        """None while the server runs; else one line: why it does not, and what to rerun."""
+        code = self.poll()
+        if code is None:
+            return None
+        if self.stopped:
+            return ("The server was stopped by the last cell: rerun the cell that starts it (the first code cell), "
+                    "then this one.")
+        return (f"The server exited by itself (exit code {code}); its log is {shown(self.log)}. Rerun the first code "
+                "cell to start it again, then this one.")
+
+    def ready(self) -> bool:
+        """True while the server runs; else print why_not() (one line, no traceback) and return False."""
+        problem = self.why_not()
+        if problem is not None:
+            print(problem)
+        return problem is None
+
+    def stop(self) -> None:
+        """Stop the server (if it still runs) and wait for it to exit."""
+        self.stopped = True
+        if self.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+
+
+def shown(path: Path) -> str:
+    """`path` as the learner finds it in JupyterLab's file browser: relative to the repository."""
+    try:
+        return path.resolve().relative_to(REPO).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(flags: Sequence[str] = (), log: Path = SERVER_LOG, timeout_s: float = 120.0,
+                 command: Callable[[int], list[str]] | None = None) -> Server:
+    """`python -m minillm serve` on a free port with `flags` (or `command(port)`), its output written
+    to `log` (overwritten at each start); returns once it answers GET /health. Stopped when the
+    kernel stops, at the latest."""
+    port = free_port()
+    argv = command(port) if command else [sys.executable, "-m", "minillm", "serve", "--port", str(port), *flags]
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as out:  # the child keeps its own handle
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    server = Server(process, f"http://127.0.0.1:{port}", log)
+    atexit.register(server.stop)  # never leave it running behind the kernel
+    deadline = time.perf_counter() + timeout_s
+    while time.perf_counter() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited while starting (exit code {process.returncode}); its log, "
+                               f"{shown(log)}:\n{log.read_text()[-4000:]}")
+        try:
+            if httpx.get(server.url + "/health", timeout=1).status_code == 200:
+                return server
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    server.stop()
+    raise RuntimeError(f"the server did not answer within {timeout_s:g} s; its log, {shown(log)}:\n"
+                       f"{log.read_text()[-4000:]}")
 
 
 # ----------------------------------------------------------------------------- a streamed request
@@ -186,50 +288,109 @@ def load_at_two_rates(url: str, model: str, prompts: list[str], light: float = 4
                       rounds: int = 2, max_tokens: int = 64, slo: Slo | None = None,
                       include: Sequence[int] = ()) -> Finding:
     """The same prompts at `light` and at `heavy` requests per second, `rounds` times each, in turns.
-    numbers: "light"/"heavy" (every LoadRun), the median of the rounds' TTFT p50 and output
-    throughput per rate, the per-round ratios heavy/light, the words' verdicts."""
+    numbers: "light"/"heavy" (every LoadRun), per rate the median of the rounds' TTFT p50, TPOT p50
+    and output throughput and each round's own, the per-round ratios heavy/light, the runs in which
+    not every request completed ("incomplete": rate, round, completed, why), the words' verdicts."""
     slo = slo or Slo(ttft_s=0.5, tpot_s=0.05)
     trials = interleaved({"light": lambda: load_run(url, model, prompts, light, max_tokens, slo=slo),
                           "heavy": lambda: load_run(url, model, prompts, heavy, max_tokens, slo=slo)},
                          rounds, rerun=RERUN_LOAD, include=include)
     ttft = lambda run: run.ttft_p50  # noqa: E731
+    tpot = lambda run: run.summary["tpot_s"]["p50"] or float("inf")  # noqa: E731
     tokens = lambda run: run.summary["output_token_throughput"]  # noqa: E731
+    goodput = lambda run: run.summary["goodput"]  # noqa: E731
     numbers = {"light": trials.results["light"], "heavy": trials.results["heavy"], "rates": (light, heavy),
-               "ttft_light_s": trials.median("light", ttft), "ttft_heavy_s": trials.median("heavy", ttft),
-               "tokens_light": trials.median("light", tokens), "tokens_heavy": trials.median("heavy", tokens),
-               "finished_heavy": trials.median("heavy", lambda run: run.summary["request_throughput"]),
-               "tpot_light_s": trials.median("light", lambda run: run.summary["tpot_s"]["p50"] or float("inf")),
-               "met_light": trials.values("light", lambda run: run.met),  # per round
-               "met_heavy": trials.values("heavy", lambda run: run.met),
-               "goodput_light": trials.median("light", lambda run: run.summary["goodput"]),
-               "goodput_heavy": trials.median("heavy", lambda run: run.summary["goodput"]),
-               "requests": len(prompts), "slo_ttft_s": slo.ttft_s, "slo_tpot_s": slo.tpot_s, "rounds": rounds}
+               "requests": len(prompts), "slo_ttft_s": slo.ttft_s, "slo_tpot_s": slo.tpot_s, "rounds": rounds,
+               "incomplete": [(run.rate, i + 1, run.summary["completed"], failure(run.summary["errors"]))
+                              for key in ("light", "heavy") for i, run in enumerate(trials.results[key])
+                              if run.summary["completed"] < len(prompts)]}
+    for key in ("light", "heavy"):
+        numbers |= {f"ttft_{key}_s": trials.median(key, ttft), f"tpot_{key}_s": trials.median(key, tpot),
+                    f"tokens_{key}": trials.median(key, tokens), f"goodput_{key}": trials.median(key, goodput),
+                    f"met_{key}": trials.values(key, lambda run: run.met),  # per round, as the next three
+                    f"goodput_{key}_rounds": trials.values(key, goodput),
+                    f"ttft_{key}_rounds": trials.values(key, ttft), f"tpot_{key}_rounds": trials.values(key, tpot)}
+    numbers["finished_heavy"] = trials.median("heavy", lambda run: run.summary["request_throughput"])
+    if any(completed == 0 for _, _, completed, _ in numbers["incomplete"]):
+        text, _ = describe_load(numbers)  # nothing to compare: no ratios for the guard to check
+        return Finding(text, False, numbers, trials)
     queueing = trials.ratio("heavy", "light", ttft, what="TTFT p50")
     throughput = trials.ratio("heavy", "light", tokens, what="output throughput")
+    per_token = trials.ratio("heavy", "light", tpot, what="TPOT p50")
     numbers |= {"queueing": queueing.value, "queueing_rounds": queueing.per_round, "queueing_agrees": queueing.agrees,
-                "throughput_gain": throughput.value, "throughput_rounds": throughput.per_round}
+                "throughput_gain": throughput.value, "throughput_rounds": throughput.per_round,
+                "tpot_growth": per_token.value, "tpot_rounds": per_token.per_round}
     text, holds = describe_load(numbers)
     return Finding(text, holds, numbers, trials)
 
 
+def failure(errors: Sequence[str]) -> str:
+    """Why a run's requests failed, in a few words: the load generator's first error, or "connection
+    refused" when nothing answered at the server's address."""
+    if not errors:
+        return "no error reported"
+    if any(e.startswith("ConnectError") or "onnection refused" in e or "connection attempts failed" in e
+           for e in errors):
+        return "connection refused"
+    return errors[0][:160]
+
+
+def trend(per_round: Sequence[float]) -> str:
+    """'up' when every round's ratio is above 1 (a tie counts with either side), 'down' when every
+    one is below, 'same' when all are 1, else 'mixed' (the rounds disagree)."""
+    if all(r == 1 for r in per_round):
+        return "same"
+    if all(r >= 1 for r in per_round):
+        return "up"
+    if all(r <= 1 for r in per_round):
+        return "down"
+    return "mixed"
+
+
+def _ratios(per_round: Sequence[float]) -> str:
+    return ", ".join(f"{r:.2f}x" for r in per_round)
+
+
+def _split(per_round: Sequence[float], up: str, down: str) -> str:
+    """'rose in round 1 (1.46x) and fell in round 2 (0.93x)': each round's direction, in order."""
+    rounds = lambda picked: " and ".join(str(i + 1) for i in picked)  # noqa: E731
+    ups = [i for i, r in enumerate(per_round) if r > 1]
+    downs = [i for i, r in enumerate(per_round) if r < 1]
+    shown = lambda picked: ", ".join(f"{per_round[i]:.2f}x" for i in picked)  # noqa: E731
+    return (f"{up} in round{'s' * (len(ups) > 1)} {rounds(ups)} ({shown(ups)}) and {down} in "
+            f"round{'s' * (len(downs) > 1)} {rounds(downs)} ({shown(downs)})")
+
+
 def describe_load(n: dict) -> tuple[str, bool]:
     """The words for a light and a heavy load run (numbers as load_at_two_rates gives them), and
-    whether they showed the chapter's claim: the light rate kept up, the heavy one queued."""
+    whether they showed the chapter's claim: the light rate kept up, the heavy one queued. Each
+    comparison follows every round: where the rounds disagree, the words say so."""
     light, heavy = n["rates"]
-    ms = lambda s: f"{s * 1e3:,.0f} ms"  # noqa: E731
+    ms = lambda s: f"{s * 1e3:,.0f} ms" if math.isfinite(s) else "none"  # noqa: E731
     met = lambda key: " and ".join(f"{m:g}" for m in n[key]) + f" of {n['requests']}"  # noqa: E731
+    incomplete = n.get("incomplete", [])
+    lost = "; ".join(f"{completed} of {n['requests']} completed at {rate:g} requests/s in round {i}: {why}"
+                     for rate, i, completed, why in incomplete)
+    if any(completed == 0 for _, _, completed, _ in incomplete):
+        advice = (" (nothing answered at the server's address: rerun the first code cell to start the server, then "
+                  "this one)" if any(why == "connection refused" for *_, why in incomplete) else "")
+        return f"{lost}{advice}. With no request completed there is nothing to measure.", False
+    text = (f"Not every request completed: {lost}. The numbers count the completed ones only. " if incomplete
+            else "")
     kept_up = n["ttft_light_s"] <= n["slo_ttft_s"] and min(n["met_light"]) >= 0.8 * n["requests"]
     queued = n["ttft_heavy_s"] > n["slo_ttft_s"] and n["queueing"] > 2 and n["queueing_agrees"]
     rounds = ", ".join(f"{r:.1f}x" for r in n["queueing_rounds"])
-    each = f"the median of {n['rounds']} rounds" if n["rounds"] > 1 else "one round"
+    several = n["rounds"] > 1
+    each = f"the median of {n['rounds']} rounds" if several else "one round"
+    every = "every round" if several else "its one round"
     if kept_up:
-        text = (f"At {light:g} requests/s the server kept up: TTFT p50 {ms(n['ttft_light_s'])} ({each}), about a "
-                f"prefill and the request's way in, and {met('met_light')} requests met the SLO. ")
+        text += (f"At {light:g} requests/s the server kept up: TTFT p50 {ms(n['ttft_light_s'])} ({each}), about a "
+                 f"prefill and the request's way in, and {met('met_light')} requests met the SLO. ")
     else:
-        text = (f"Even at {light:g} requests/s the server fell behind here: TTFT p50 {ms(n['ttft_light_s'])} and TPOT "
-                f"p50 {ms(n['tpot_light_s'])} ({each}), and only {met('met_light')} requests met "
-                f"the SLO (TTFT <= {ms(n['slo_ttft_s'])}, TPOT <= {ms(n['slo_tpot_s'])}): this machine is slower than "
-                "the course's, or busy. ")
+        text += (f"Even at {light:g} requests/s the server fell behind here: TTFT p50 {ms(n['ttft_light_s'])} and "
+                 f"TPOT p50 {ms(n['tpot_light_s'])} ({each}), and only {met('met_light')} requests met "
+                 f"the SLO (TTFT <= {ms(n['slo_ttft_s'])}, TPOT <= {ms(n['slo_tpot_s'])}): this machine is slower "
+                 "than the course's, or busy. ")
     if queued:
         text += (f"At {heavy:g} requests/s it could not keep up: it finished {n['finished_heavy']:.1f} requests/s, the "
                  f"rest queued, and TTFT p50 was {ms(n['ttft_heavy_s'])}, {n['queueing']:.1f}x the light rate's (the "
@@ -244,11 +405,33 @@ def describe_load(n: dict) -> tuple[str, bool]:
         text += (f"At {heavy:g} requests/s TTFT p50 was {ms(n['ttft_heavy_s'])}, only {n['queueing']:.1f}x the light "
                  f"rate's (ratios {rounds}): requests queued at both rates here, so the heavy one adds less than on a "
                  "machine where the light rate keeps up. ")
-    rose = "rose" if n["throughput_gain"] > 1 else "did not rise"
-    text += (f"Output throughput {rose} ({n['tokens_light']:.0f} to {n['tokens_heavy']:.0f} tokens/s, "
-             f"{n['throughput_gain']:.1f}x: fuller batches use the machine better), while {met('met_heavy')} "
-             f"requests met the SLO at the heavy rate: goodput {n['goodput_heavy']:.1f} requests/s "
-             f"against {n['goodput_light']:.1f} at the light one.")
+    tokens = f"{n['tokens_light']:.0f} to {n['tokens_heavy']:.0f} tokens/s, the medians"
+    way = trend(n["throughput_rounds"])
+    if way == "up":
+        text += (f"Output throughput rose in {every} ({tokens}; heavy / light {_ratios(n['throughput_rounds'])}): "
+                 "fuller batches use the machine better. ")
+    elif way == "mixed":
+        text += (f"Output throughput {_split(n['throughput_rounds'], 'rose', 'fell')} ({tokens}): the rounds "
+                 "disagree, so these runs cannot say whether fuller batches helped. ")
+    else:
+        text += (f"Output throughput did not rise ({tokens}; heavy / light {_ratios(n['throughput_rounds'])}): "
+                 "fuller batches bought nothing in these runs (both rates kept the batch full, or other programs "
+                 "took the cores). ")
+    per_token = f"{ms(n['tpot_light_s'])} to {ms(n['tpot_heavy_s'])}, the medians"
+    way = trend(n["tpot_rounds"])
+    if way == "up":
+        text += (f"TPOT p50 grew in {every} ({per_token}; heavy / light {_ratios(n['tpot_rounds'])}): a step that "
+                 "carries more requests takes longer, and every request waits for it. ")
+    elif way == "mixed":
+        text += (f"TPOT p50 {_split(n['tpot_rounds'], 'grew', 'fell')} ({per_token}): the rounds disagree, so "
+                 "these runs cannot say what fuller batches cost each token. ")
+    else:
+        text += (f"TPOT p50 did not grow ({per_token}; heavy / light {_ratios(n['tpot_rounds'])}): the batch's size "
+                 "did not decide the steps' time in these runs (both rates kept the batch full, or other programs' "
+                 "interruptions outweighed it). ")
+    goodput = lambda key: " and ".join(f"{g:.1f}" for g in n[f"goodput_{key}_rounds"])  # noqa: E731
+    text += (f"At the heavy rate {met('met_heavy')} requests met the SLO (goodput {goodput('heavy')} requests/s), "
+             f"against {met('met_light')} at the light one ({goodput('light')} requests/s).")
     return text, kept_up and queued
 
 

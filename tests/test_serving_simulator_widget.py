@@ -9,6 +9,7 @@ from widgets.serving_simulator import (
     SWEEP,
     ServingSimulator,
     average_queue,
+    capacity,
     nice_ticks,
     readout,
     render,
@@ -49,7 +50,7 @@ def test_throughput_saturates_and_the_tail_grows_past_capacity():
 
 
 def test_the_widget_redraws_from_its_sliders():
-    widget = ServingSimulator(STEP, rate=4.0)
+    widget = ServingSimulator(STEP, rate=4.0, background=False)
     first = widget.picture.value
     assert 'data-step="4.000"' in first and first.count("<circle") == len(SWEEP)
     assert "At 4 requests/s" in widget.readout.value
@@ -62,6 +63,25 @@ def test_the_widget_redraws_from_its_sliders():
     points = [run_point(STEP, r, 4, 512, 50, 20, 16, 0.2, count=40) for r in (1.0, 2.0)]
     svg = render(points, points[1])
     assert svg.count('fill="#d62728"') == 1 and "waiting" in svg and "running" in svg
+
+
+def test_a_redraw_in_progress_is_shown_and_rapid_changes_are_coalesced():
+    widget = ServingSimulator(STEP, rate=4.0, output_len=20)  # short answers: each point is quick
+    words = widget.readout.value
+    assert widget.simulated == 1 and "capacity()" in words and widget.status.value == ""
+    for slots in (2, 3, 5, 6):  # four quick presses
+        widget.sliders["max_num_seqs"].value = slots
+        assert "simulating" in widget.status.value and "opacity" in widget.picture.value + widget.readout.value
+    widget.settle()
+    assert widget._worker is None and widget.status.value == "" and "opacity" not in widget.picture.value
+    assert 2 <= widget.simulated <= 4  # the latest settings drawn, at least one overtaken run skipped
+    still = ServingSimulator(STEP, rate=4.0, output_len=20, max_num_seqs=6, background=False)
+    assert widget.picture.value == still.picture.value and widget.readout.value == still.readout.value != words
+
+
+def test_the_capacity_is_what_a_full_batch_finishes():
+    full = run_point(STEP, 200.0, 8, 4096, 100, 64, 0, 0.0)  # far past capacity: every slot busy
+    assert abs(full["request_throughput"] / capacity(STEP, 8, 100, 64) - 1) < 0.15
 
 
 def test_ticks_are_round_and_cover_the_data():

@@ -10,12 +10,19 @@ a step time fitted on the engine's own trace — so moving a slider re-plays the
 Left: one point per arrival rate (a sweep up to the chosen one and beyond): as the rate nears the
 server's capacity, throughput stops growing and the tail latency climbs. Right: requests waiting
 and running over the chosen rate's run.
+
+A redraw takes seconds (more on a busy machine), so it runs in a helper thread: while it runs, the
+old picture and numbers are greyed under a "simulating…" line, and slider changes that arrive
+meanwhile are coalesced — the run in progress stops at its next point and only the latest
+settings are simulated.
 """
 
 from __future__ import annotations
 
 import math
 import random
+import threading
+from collections.abc import Callable
 
 import ipywidgets as W
 
@@ -169,13 +176,28 @@ def render(points: list[dict], chosen: dict) -> str:
     return "".join(parts)
 
 
+def capacity(step_time: StepTimeModel, max_num_seqs: int, prompt_len: int, output_len: int) -> float:
+    """Requests per second the engine finishes with every slot busy — plain decoding, no prefix hits,
+    KV never short: each request holds a slot for `output_len` steps of a full batch (one step's time
+    shared by `max_num_seqs` requests), and its prompt costs `per_prompt_token` per token on top."""
+    slots = max(1, max_num_seqs)
+    context = prompt_len + output_len / 2  # a request's mean context over its decodes
+    step = step_time.base + slots * (step_time.per_sequence + context * step_time.per_context_token)
+    return 1.0 / (output_len * step / slots + prompt_len * step_time.per_prompt_token)
+
+
+GREYED = '<div style="opacity:0.35">{}</div>'  # the previous settings' picture, while the new one is simulated
+
+
 class ServingSimulator(W.VBox):
-    """Sliders over the workload and the engine; each change re-runs the simulator and redraws."""
+    """Sliders over the workload and the engine; each change re-runs the simulator and redraws — in a
+    helper thread (`background`), the old picture greyed meanwhile and rapid changes coalesced."""
 
     def __init__(self, step_time: StepTimeModel, rate: float = 8.0, max_num_seqs: int = 16, num_blocks: int = 512,
                  prompt_len: int = 100, output_len: int = 64, chunk: int = 0, prefix_share: float = 0.0,
-                 guesses: int = 0, acceptance: float = 0.7, spread: str = SPREADS[0]):
+                 guesses: int = 0, acceptance: float = 0.7, spread: str = SPREADS[0], background: bool = True):
         self.step_time = step_time
+        self.background = background
         self.sliders = {
             "rate": W.FloatLogSlider(value=rate, base=2, min=-2, max=7, description="arrivals / s"),
             "max_num_seqs": W.IntSlider(value=max_num_seqs, min=1, max=128, description="slots"),
@@ -191,25 +213,82 @@ class ServingSimulator(W.VBox):
         for slider in self.sliders.values():
             slider.continuous_update = False
             slider.style = {"description_width": "135px"}
-            slider.observe(lambda change: self.redraw(), names="value")
-        self.picture, self.readout = W.HTML(), W.HTML()
+            slider.observe(self._changed, names="value")
+        self.status, self.picture, self.readout = W.HTML(), W.HTML(), W.HTML()
+        self.simulated = 0  # redraws finished (a coalesced one that was overtaken does not count)
+        self._svg, self._words = "", ""  # the last finished redraw's picture and readout
+        self._wanted = 0  # bumped by every change; a redraw whose number is overtaken stops
+        self._lock = threading.Lock()
+        self._worker: threading.Thread | None = None
         controls = list(self.sliders.values())
         super().__init__([W.HBox([W.VBox(controls[:5]), W.VBox(controls[5:])]),
-                          self.picture, self.readout])
-        self.redraw()
+                          self.status, self.picture, self.readout])
+        self.redraw()  # at once, in this thread: the saved notebook shows the first picture
 
     def settings(self) -> dict:
         return {name: slider.value for name, slider in self.sliders.items()}
 
-    def redraw(self) -> None:
+    def _changed(self, change: object = None) -> None:
+        if not self.background:
+            self.redraw()
+            return
+        with self._lock:
+            self._wanted += 1
+            self._show_busy("simulating… the picture and numbers below are still the previous settings'")
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, daemon=True)
+                self._worker.start()
+
+    def _work(self) -> None:
+        """The helper thread: redraw the latest settings until no newer change came meanwhile."""
+        while True:
+            with self._lock:
+                wanted = self._wanted
+            try:
+                self.redraw(stale=lambda wanted=wanted: self._wanted != wanted)
+            except Exception as err:  # noqa: BLE001 — said in the widget, not lost in a thread
+                self.status.value = f'<p style="color:#d62728">the simulation failed: {type(err).__name__}: {err}</p>'
+            with self._lock:
+                if self._wanted == wanted:
+                    self._worker = None
+                    return
+
+    def settle(self, timeout: float = 120.0) -> None:
+        """Wait until the redraws in progress are done (tests; a notebook never needs to)."""
+        worker = self._worker
+        if worker is not None:
+            worker.join(timeout)
+
+    def _show_busy(self, words: str) -> None:
+        self.status.value = f'<p style="color:#666"><i>{words}</i></p>'
+        if self._svg:
+            self.picture.value, self.readout.value = GREYED.format(self._svg), GREYED.format(self._words)
+
+    def redraw(self, stale: Callable[[], bool] = lambda: False) -> bool:
+        """Simulate the sliders' settings and draw them: the chosen rate first, then the sweep. Returns
+        False, leaving the picture as it was, when `stale()` says newer settings came meanwhile."""
         s = self.settings()
         count = requests_per_point(s["output_len"])
-        points = [run_point(self.step_time, s["rate"] * k, s["max_num_seqs"], s["num_blocks"], s["prompt_len"],
-                            s["output_len"], s["chunk"], s["prefix_share"], count=count, guesses=s["guesses"],
-                            acceptance=s["acceptance"], spread=s["spread"]) for k in SWEEP]
+        order = [SWEEP.index(1.0)] + [i for i in range(len(SWEEP)) if SWEEP[i] != 1.0]
+        points: list[dict | None] = [None] * len(SWEEP)
+        for done, i in enumerate(order):
+            if stale():
+                return False
+            if self._svg and self.background and done:
+                self._show_busy(f"simulating… rate {done + 1} of {len(SWEEP)} (200 requests each, fewer when outputs "
+                                "are long); the picture and numbers below are still the previous settings'")
+            points[i] = run_point(self.step_time, s["rate"] * SWEEP[i], s["max_num_seqs"], s["num_blocks"],
+                                  s["prompt_len"], s["output_len"], s["chunk"], s["prefix_share"], count=count,
+                                  guesses=s["guesses"], acceptance=s["acceptance"], spread=s["spread"])
+        if stale():
+            return False
         chosen = points[SWEEP.index(1.0)]
-        self.picture.value = render(points, chosen)
-        self.readout.value = readout(chosen, s["num_blocks"])
+        self._svg = render(points, chosen)
+        self._words = readout(chosen, s["num_blocks"], capacity=capacity(self.step_time, s["max_num_seqs"],
+                                                                          s["prompt_len"], s["output_len"]))
+        self.picture.value, self.readout.value, self.status.value = self._svg, self._words, ""
+        self.simulated += 1
+        return True
 
 
 def _ms(seconds: float) -> str:
@@ -220,8 +299,9 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms" if seconds < 0.1 else f"{seconds * 1e3:.0f} ms"
 
 
-def readout(chosen: dict, num_blocks: int, block_size: int = 16) -> str:
-    """The chosen rate's numbers in words; what could not be served said first."""
+def readout(chosen: dict, num_blocks: int, block_size: int = 16, capacity: float | None = None) -> str:
+    """The chosen rate's numbers in words; what could not be served said first; with `capacity`, the
+    rate set beside what the engine finishes with every slot busy."""
     lines = []
     if chosen["refused"]:
         lines.append(f"<b>{chosen['refused']} of {chosen['count']} requests can never fit in {num_blocks} KV blocks "
@@ -234,4 +314,8 @@ def readout(chosen: dict, num_blocks: int, block_size: int = 16) -> str:
                      f"TPOT p50 {_ms(chosen['tpot_p50_s'])}; ITL p99 {_ms(chosen['itl_p99_s'])}; "
                      f"longest step {_ms(chosen['longest_step_s'])}; {chosen['preemptions']} preemptions "
                      f"({chosen['requests']} simulated requests served).")
+    if capacity is not None and chosen["requests"]:
+        lines.append(f" Every slot busy, this engine finishes about {capacity:.3g} requests/s (plain decoding, no "
+                     "prefix hits, KV never short: <code>capacity()</code>): the chosen rate is "
+                     f"{chosen['rate'] / capacity:.2f} of it.")
     return "<p>" + "".join(lines) + "</p>"

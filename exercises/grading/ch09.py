@@ -33,6 +33,40 @@ def brief(dashboard: dict) -> str:
                      for key, value in dashboard.items())
 
 
+def contradiction(board: dict, named: str) -> str | None:
+    """The symptom of `board` that rules the cause `named` out, in numbers — never the right cause's
+    name (a FAIL points at what to read again, not at the answer); None if nothing does."""
+    ms = lambda seconds: f"{1e3 * seconds:.0f} ms"  # noqa: E731
+    full = board["preemptions"] > 0 or board["refused"] > 0 or board["kv_usage_max"] > 0.95
+    if named == SLOTS:
+        if full:
+            return (f"{board['preemptions']} preemptions and KV use up to {board['kv_usage_max']:.0%} while at most "
+                    f"{board['running_max']} requests ran: the slots were not what ran out")
+        if board["waiting_max"] <= 2 * board["running_max"]:
+            return (f"the queue never passed {board['waiting_max']} while up to {board['running_max']} requests ran: "
+                    "requests were not waiting for a slot")
+    elif named == KV:
+        if not full:
+            return (f"no preemptions, nothing refused, and KV use at most {board['kv_usage_max']:.0%}: the cache "
+                    "never filled")
+    elif named == STALL:
+        if board["itl_p99_s"] <= board["slo_itl_p99_s"]:
+            return (f"ITL p99 {ms(board['itl_p99_s'])} is within its {ms(board['slo_itl_p99_s'])} target: no step "
+                    f"stalled the decodes for long; what misses is TTFT p99, {board['ttft_p99_s']:.2f} s against "
+                    f"{board['slo_ttft_p99_s']} s")
+        if board["system_prompt_tokens"] > 0 and board["prefix_hit_rate"] < 0.05:
+            return (f"every prompt starts with the same {board['system_prompt_tokens']} tokens, yet the prefix cache "
+                    f"found {board['prefix_hit_rate']:.0%} of the prompt tokens: look at what those long steps "
+                    "compute")
+    elif named == PREFIX:
+        if board["system_prompt_tokens"] == 0:
+            return "system_prompt_tokens is 0: no two prompts share a start that a cache could keep"
+        if board["prefix_hit_rate"] >= 0.05:
+            return (f"the prefix cache found {board['prefix_hit_rate']:.0%} of the prompt tokens: the shared start is "
+                    "cached and reused")
+    return None
+
+
 def _case(name: str, server: str | lab.Scenario, cause_of: str) -> None:
     shown = isinstance(server, str)
     slo = lab.SERVERS[server].slo if shown else server.slo
@@ -46,8 +80,10 @@ def _case(name: str, server: str | lab.Scenario, cause_of: str) -> None:
                "a dict {'cause': one of lab.CAUSES, 'fix': {setting: value}}", repr(answer))
         named, changed = answer["cause"], answer["fix"]
         expect(named in lab.CAUSES, f"{given}['cause']", f"one of {lab.CAUSES}", repr(named))
+        why = contradiction(lab.dashboard(server), named) if named != cause_of else None  # a copy the learner never had
         expect(named == cause_of, f"{given}['cause']",
-               "the cause its symptoms point to (which number is far from what a healthy server shows?)", repr(named))
+               "the cause its symptoms point to (which number is far from what a healthy server shows?)",
+               f"{named!r}, which the dashboard rules out: {why}" if why else repr(named))
         expect(isinstance(changed, dict), f"{given}['fix'] (the cause is right)", "a dict {setting: value}",
                repr(changed))
         keys = set(changed)

@@ -6,7 +6,19 @@ from __future__ import annotations
 import openai
 import pytest
 
-from experiments.ch09 import describe_load, little_rows, little_words, load_at_two_rates, streaming_timing
+import subprocess
+import sys
+
+from experiments.ch09 import (
+    Server,
+    describe_load,
+    free_port,
+    little_rows,
+    little_words,
+    load_at_two_rates,
+    start_server,
+    streaming_timing,
+)
 from minillm.async_engine import AsyncLLM
 from minillm.config import EngineConfig
 from minillm.engine import LLMEngine
@@ -51,7 +63,7 @@ def test_the_words_are_the_numbers(server):
     n = finding.numbers
     for key in ("ttft_light_s", "ttft_heavy_s"):
         assert f"{n[key] * 1e3:,.0f} ms" in finding.text
-    assert f"{n['throughput_gain']:.1f}x" in finding.text
+    assert all(f"{r:.2f}x" in finding.text for r in n["throughput_rounds"]) or "rounds disagree" in finding.text
     rows = little_rows(finding)
     assert len(rows) == 2 and all(lam > 0 and w > 0 for _, _, (lam, w, _) in rows)
     assert little_words(rows)
@@ -62,7 +74,8 @@ def _numbers(**changes) -> dict:
             "slo_ttft_s": 0.5, "slo_tpot_s": 0.05, "queueing": 25.0, "queueing_rounds": (24.0, 26.0),
             "queueing_agrees": True, "rounds": 2, "requests": 30, "met_light": [30, 29], "met_heavy": [8, 9],
             "finished_heavy": 7.0, "tokens_light": 200, "tokens_heavy": 450, "throughput_gain": 2.2,
-            "throughput_rounds": (2.1, 2.3), "goodput_light": 3.4, "goodput_heavy": 1.1} | changes
+            "throughput_rounds": (2.1, 2.3), "goodput_light": 3.4, "goodput_heavy": 1.1, "tpot_heavy_s": 0.03,
+            "tpot_rounds": (1.4, 1.6), "goodput_light_rounds": [3.4, 3.3], "goodput_heavy_rounds": [1.1, 1.2]} | changes
 
 
 @pytest.mark.parametrize(("changes", "holds", "says"), [
@@ -82,3 +95,37 @@ def test_the_words_follow_each_outcome(changes, holds, says):
 def test_little_words_say_when_the_law_and_the_samples_part():
     assert "agree within" in little_words([(4.0, 1, (3.4, 1.1, 3.8))])
     assert "differ by up to" in little_words([(4.0, 1, (3.4, 1.1, 2.0))])
+
+
+def test_the_words_say_when_the_rounds_disagree():
+    text, _ = describe_load(_numbers(throughput_rounds=(1.46, 0.93), tpot_rounds=(0.9, 1.2)))
+    assert "rose in round 1 (1.46x) and fell in round 2 (0.93x)" in text and "fuller batches use" not in text
+    assert "grew in round 2 (1.20x) and fell in round 1 (0.90x)" in text and "a step that carries more" not in text
+    text, _ = describe_load(_numbers())
+    assert "rose in every round" in text and "TPOT p50 grew in every round" in text
+
+
+def test_a_stopped_server_is_one_line_not_a_traceback(tmp_path, capsys):
+    """After Run All the last cell has stopped the server: the cells that need it say so, and a load
+    run against its address reports what completed instead of dividing by zero."""
+    stopped = Server(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]), "http://x", tmp_path)
+    assert stopped.poll() is None and stopped.why_not() is None and stopped.ready()
+    stopped.stop()
+    assert not stopped.ready() and "stopped by the last cell: rerun the cell that starts it" in capsys.readouterr().out
+    crashed = Server(subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"]), "http://x", tmp_path / "log")
+    crashed.process.wait()
+    assert "exited by itself (exit code 3)" in crashed.why_not()
+    url = f"http://127.0.0.1:{free_port()}"  # nothing answers there
+    finding = load_at_two_rates(url, "tiny", PROMPTS[:3], light=50.0, heavy=float("inf"), rounds=1, max_tokens=4)
+    assert not finding.holds and "0 of 3 completed at 50 requests/s in round 1: connection refused" in finding.text
+    assert little_rows(finding) == [] and "nothing to compare" in little_words([])
+
+
+def test_the_server_log_is_where_the_file_browser_shows_it(tmp_path):
+    log = tmp_path / "logs" / "server.log"
+    try:
+        start_server(log=log, timeout_s=20, command=lambda port: [sys.executable, "-c", "print('no model here')"])
+    except RuntimeError as err:
+        assert "exited while starting" in str(err) and "no model here" in str(err) and log.exists()
+    else:
+        raise AssertionError("a server that exits at once must not be taken for a running one")
