@@ -6,6 +6,7 @@ notebook calls them, and tests/experiments/ runs each under an artificial CPU ho
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,3 +34,18 @@ class Finding:
             print(textwrap.fill(self.warning, 100) + "\n")
         for paragraph in self.text.split("\n"):
             print(textwrap.fill(paragraph, 100) if paragraph.strip() else "")
+
+
+def outputs_tokens(run: Any) -> list[list[int]]:
+    """The tokens of every request of a run that has `outputs` (the engine's `RequestOutput`s)."""
+    return [list(o.token_ids) for o in run.outputs]
+
+
+def same_tokens(trials: Trials, change: str, tokens_of: Callable[[Any], Any] = outputs_tokens) -> Any:
+    """Assert every run of every configuration produced the same tokens — a timing comparison means
+    something only between runs that did the same work — and return them. `change` names what is
+    compared, for the failure: "the prefix cache" → "the prefix cache changed a token"."""
+    runs = trials.all_runs()
+    tokens = tokens_of(runs[0])
+    assert all(tokens_of(run) == tokens for run in runs), f"{change} changed a token"
+    return tokens

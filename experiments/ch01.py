@@ -41,7 +41,7 @@ def times(x: float) -> str:
 
 
 def _per_round(ratio: PairedRatio) -> str:
-    return ", ".join(times(x) for x in ratio.per_round)
+    return ratio.rounds(times)
 
 
 def _token_ids(tokenizer, n: int) -> list[int]:

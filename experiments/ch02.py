@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from experiments import Finding
+from experiments import Finding, same_tokens
 from experiments.ch01 import greedy, times
 from minillm import LLM, EngineConfig
 from minillm.generate import generate_with_cache
@@ -69,10 +69,10 @@ def describe_batches(trials: Trials, batches: Sequence[int]) -> Finding:
         text = (f"From batch {one} to {big}, a decode step became {change} ({step_s[one] * 1e3:.1f} → "
                 f"{step_s[big] * 1e3:.1f} ms, each the fastest of {trials.rounds} runs) while producing "
                 f"{big // one}x the tokens: throughput went up {times(gain.value)} (the median of the per-round "
-                f"ratios {', '.join(times(x) for x in gain.per_round)}).")
+                f"ratios {gain.rounds(times)}).")
     else:
         text = (f"Here batch {big} did not give more tokens per second than batch {one} in every round (ratios "
-                f"{', '.join(f'{x:.2f}' for x in gain.per_round)}), though each of its steps serves {big // one}x "
+                f"{gain.rounds('{:.2f}')}), though each of its steps serves {big // one}x "
                 "the requests: other work on the machine decided these numbers. If no warning follows, rerun "
                 "this cell.")
     numbers = {"step_s": step_s, "slowdown": slowdown.value, "gain": gain.value}
@@ -118,8 +118,7 @@ def serial_vs_static(model, tokenizer, work: Work, slots: int = 8, rounds: int =
     static = f"static, B={slots}"
     trials = interleaved({"one at a time": partial(one_at_a_time, model, tokenizer, work),
                           static: partial(static_batches, llm, work)}, rounds)
-    runs = [run for results in trials.results.values() for run in results]
-    assert all(run.token_ids == runs[0].token_ids for run in runs), "static batching changed a token"
+    same_tokens(trials, "static batching", lambda run: run.token_ids)
     return describe_serial_vs_static(trials, sum(n for _, n in work), slots)
 
 
@@ -130,7 +129,7 @@ def describe_serial_vs_static(trials: Trials, tokens: int, slots: int) -> Findin
     serial_rate, static_rate = tokens / trials.best("one at a time", seconds), tokens / trials.best(static, seconds)
     utilisation = trials.results[static][-1].utilisation
     holds = speedup.value > 1 and speedup.agrees
-    rounds_text = ", ".join(f"{x:.1f}x" for x in speedup.per_round)
+    rounds_text = speedup.rounds("{:.1f}x")
     if holds:
         text = (f"Static batches of {slots} served the same {tokens} tokens {speedup.value:.1f}x as fast as one "
                 f"request at a time ({static_rate:.0f} against {serial_rate:.0f} tok/s, each from the fastest of "

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from experiments import Finding
+from experiments import Finding, same_tokens
 from experiments.ch01 import greedy
 from minillm import LLM, EngineConfig
 from minillm.engine import RequestOutput
@@ -88,9 +88,7 @@ def static_vs_continuous(work: Work, slots: int = 8, rounds: int = 3) -> Finding
     engines = {b: LLM(config=EngineConfig(batching=b, max_num_seqs=slots, max_model_len=256))
                for b in ("static", "continuous")}
     trials = interleaved({b: partial(serve_all, llm, work) for b, llm in engines.items()}, rounds)
-    runs = [run for results in trials.results.values() for run in results]
-    tokens = [o.token_ids for o in runs[0].outputs]
-    assert all([o.token_ids for o in run.outputs] == tokens for run in runs), "the schedule changed a token"
+    same_tokens(trials, "the schedule")
     return describe_batching(trials, sum(n for _, n in work))
 
 
@@ -102,7 +100,7 @@ def describe_batching(trials: Trials, tokens: int) -> Finding:
     best = {b: min(trials.results[b], key=seconds) for b in ("static", "continuous")}
     fewer_steps = best["static"].num_steps / best["continuous"].num_steps  # the schedule's: the same every run
     holds = gain.value > 1 and gain.agrees
-    per_round = ", ".join(f"{x:.2f}x" for x in gain.per_round)
+    per_round = gain.rounds()
     if holds:
         text = (f"Continuous batching ran {fewer_steps:.2f}x fewer steps, each {step_ratio.value:.2f}x as long as a "
                 f"static one: {gain.value:.2f}x the throughput on the same {tokens} tokens (medians of the per-round "

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from experiments import Finding
+from experiments import Finding, same_tokens
 from minillm import LLM, EngineConfig, SamplingParams
 from minillm.engine import LLMEngine, RequestOutput
 from minillm.metrics import percentile
@@ -49,14 +49,12 @@ def prefix_cache_ttft(prompts: list[list[int]], rounds: int = 3) -> Finding:
     each engine's last run ("chapter 4", "chapter 5": a `Served`)."""
     trials = interleaved({"chapter 4": lambda: serve(CHAPTER_4, prompts),
                           "chapter 5": lambda: serve(CHAPTER_5, prompts)}, rounds, rerun="this cell")
-    runs = [run for results in trials.results.values() for run in results]
-    tokens = [o.token_ids for o in runs[0].outputs]
-    assert all([o.token_ids for o in run.outputs] == tokens for run in runs), "the prefix cache changed a token"
+    same_tokens(trials, "the prefix cache")
     ttft = lambda served: served.ttft_p50  # noqa: E731
     speedup = trials.ratio("chapter 4", "chapter 5", ttft)
     without, with_cache = trials.best("chapter 4", ttft), trials.best("chapter 5", ttft)
     holds = speedup.value > 1 and speedup.agrees
-    rounds_text = ", ".join(f"{r:.1f}x" for r in speedup.per_round)
+    rounds_text = speedup.rounds("{:.1f}x")
     if holds:
         text = (f"Median TTFT {without * 1e3:.0f} ms without the cache, {with_cache * 1e3:.0f} ms with it (each the "
                 f"least disturbed of {rounds} runs). Round by round, where the two ran back to back, the cache "

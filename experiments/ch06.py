@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 
 import minillm
-from experiments import Finding
+from experiments import Finding, same_tokens
 from minillm import LLM, EngineConfig, SamplingParams
 from minillm.engine import LLMEngine, RequestOutput
 from minillm.metrics import percentile
@@ -255,10 +255,9 @@ def _least_disturbed(trials: Trials[Served], name: str) -> Served:
 
 
 def _same_tokens(trials: Trials[Served], reference: list[list[int]] | None = None, decoders_only: bool = False) -> None:
-    runs = [run for results in trials.results.values() for run in results]
     cut = (lambda run: run.tokens[: run.num_decoders]) if decoders_only else (lambda run: run.tokens)  # noqa: E731
-    want = reference if reference is not None else cut(runs[0])
-    assert all(cut(run) == want for run in runs), "chunked prefill changed a token"
+    tokens = same_tokens(trials, "chunked prefill", cut)
+    assert reference is None or tokens == reference, "chunked prefill changed a token"
 
 
 def stall(work: Workload, rounds: int = 2) -> Finding:
@@ -327,8 +326,7 @@ def chunk_sweep(work: Workload, sizes: Sequence[int] = (32, 128, 512), rounds: i
     later = trials.ratio(small, "unchunked", lambda run: run.ttft)
     holds = smoother.value > 1 and smoother.agrees and later.value > 1 and later.agrees
     plain, chunks = rows["unchunked"], rows[small]
-    gaps = ", ".join(f"{r:.1f}x" for r in smoother.per_round)
-    waits = ", ".join(f"{r:.2f}x" for r in later.per_round)
+    gaps, waits = smoother.rounds("{:.1f}x"), later.rounds()
     if holds:
         text = (f"Chunks of {sizes[0]} cut the decoders' p99 gap from {plain['itl_p99_s'] * 1e3:.0f} ms to "
                 f"{chunks['itl_p99_s'] * 1e3:.0f} ms and delayed the long prompt's first token from "

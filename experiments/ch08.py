@@ -111,7 +111,7 @@ def _paired(trials: Trials, num: str, den: str, scale: float = 1.0, check: bool 
 
 
 def _rounds(ratio: PairedRatio, fmt: str = "{:.2f}x") -> str:
-    return ", ".join(fmt.format(r) for r in ratio.per_round)
+    return ratio.rounds(fmt)
 
 
 # ----------------------------------------------------------------------------------------------- the anatomy

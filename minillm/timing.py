@@ -125,6 +125,11 @@ class PairedRatio:
     def __format__(self, spec: str) -> str:
         return format(self.value, spec or ".2f")
 
+    def rounds(self, fmt: str | Callable[[float], str] = "{:.2f}x") -> str:
+        """The per-round ratios for a sentence: "1.31x, 1.28x, 1.35x" (`fmt` a format string or a function)."""
+        show = fmt.format if isinstance(fmt, str) else fmt
+        return ", ".join(show(r) for r in self.per_round)
+
 
 @dataclass
 class Trials(Generic[T]):
@@ -138,6 +143,10 @@ class Trials(Generic[T]):
     @property
     def rounds(self) -> int:
         return len(next(iter(self.results.values())))
+
+    def all_runs(self) -> list[T]:
+        """Every result of every configuration (to check they all did the same work)."""
+        return [run for results in self.results.values() for run in results]
 
     def values(self, name: str, metric: Metric | None = None) -> list[float]:
         """`name`'s rounds, each read through `metric` (the results themselves when they are numbers)."""

@@ -105,3 +105,24 @@ def test_progress_says_what_runs_and_warns_before_measuring_on_a_busy_machine(ca
     assert "⚠ Before measuring: other programs kept" in capsys.readouterr().out
     interleaved({"A": lambda: 1.0}, rounds=1, progress=False)
     assert capsys.readouterr().out == ""
+
+
+def test_per_round_ratios_read_as_a_list_and_every_run_is_reachable():
+    ratio = PairedRatio("a", "b", (1.314, 0.9))
+    assert ratio.rounds() == "1.31x, 0.90x"
+    assert ratio.rounds("{:.1f}") == "1.3, 0.9"
+    assert ratio.rounds(lambda r: f"{r:.0%}") == "131%, 90%"
+    trials = Trials({"a": [1, 2], "b": [3, 4]}, CpuUse(1.0, 1.0, 0.0, 2, 2))
+    assert trials.all_runs() == [1, 2, 3, 4]
+
+
+def test_same_tokens_returns_them_and_names_the_change_that_broke_them():
+    from types import SimpleNamespace
+
+    from experiments import same_tokens
+
+    run = lambda *tokens: SimpleNamespace(outputs=[SimpleNamespace(token_ids=t) for t in tokens])  # noqa: E731
+    quiet = CpuUse(1.0, 1.0, 0.0, 2, 2)
+    assert same_tokens(Trials({"a": [run([1, 2])], "b": [run([1, 2])]}, quiet), "x") == [[1, 2]]
+    with pytest.raises(AssertionError, match="the prefix cache changed a token"):
+        same_tokens(Trials({"a": [run([1, 2])], "b": [run([1, 3])]}, quiet), "the prefix cache")
