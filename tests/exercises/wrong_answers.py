@@ -1093,6 +1093,16 @@ def diagnose_with_the_smallest_chunks(dashboard):
     return answer
 
 
+@wrong("ch09.diagnose", "the SLO met")
+def diagnose_with_fixed_values(dashboard):
+    answer = _diagnosis(dashboard)
+    fixed = {"too few batch slots": {"max_num_seqs": 64}, "KV cache too small": {"num_blocks": 4096},
+             "long prompts stall the decodes": {"chunked_prefill": True, "max_tokens_per_prefill_chunk": 256}}
+    # WRONG: the right causes, but values guessed once instead of read from the dashboard (a tighter ITL
+    # target needs a smaller chunk)
+    return {"cause": answer["cause"], "fix": fixed.get(answer["cause"], answer["fix"])}
+
+
 @wrong("ch09.diagnose", "settings of the right type")
 def diagnose_with_a_number_in_quotes(dashboard):
     answer = _diagnosis(dashboard)

@@ -3,11 +3,11 @@ streamed request and two load runs against a real server (uvicorn in a thread, a
 
 from __future__ import annotations
 
-import openai
-import pytest
-
 import subprocess
 import sys
+
+import openai
+import pytest
 
 from experiments.ch09 import (
     Server,
