@@ -195,6 +195,20 @@ def test_the_grader_judges_the_cause_before_the_fix():
     assert all(not r.passed and "(the cause is right): expected a dict {setting: value}" in r.message for r in results)
 
 
+def test_a_wrong_cause_is_answered_with_the_symptom_that_rules_it_out_not_with_the_answer():
+    from exercises.grading import run
+    from exercises.grading.ch09 import CAUSE_OF, SLOTS
+    from minillm.sim import lab
+
+    results = run("ch09.diagnose", lambda dashboard: {"cause": SLOTS, "fix": {"max_num_seqs": 32}})
+    server_a = next(r.message for r in results if "'server_a'" in r.message)
+    assert "preemptions and KV use up to 100% while at most" in server_a and "the slots were not what ran out" in server_a
+    wrong = [r.message for r in results if not r.passed and "['cause']" in r.message]
+    assert len(wrong) == sum(cause != SLOTS for cause in CAUSE_OF.values()) + 4  # the unseen ones too
+    assert all("which the dashboard rules out: " in m and not any(c in m.split("got")[-1] for c in lab.CAUSES[1:])
+               for m in wrong)
+
+
 def _cause_of(dashboard, cause_of: dict, unseen: dict) -> str:
     """The grader's answer for the server whose dashboard this is (a test's shortcut, not a diagnosis)."""
     from minillm.sim import lab
