@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from widgets.save_hook import NOT_SAVED, STATE, VIEW, keep_widget_pictures, mend
+from widgets.save_hook import NOT_SAVED, STATE, VIEW, coalesce_streams, keep_widget_pictures, mend
 
 REPO = Path(__file__).resolve().parents[1]
 CHAPTERS = sorted((REPO / "chapters").glob("*.ipynb"))
@@ -71,6 +71,22 @@ def test_a_notebook_without_widgets_saves_no_widget_state():
     nb = notebook([], {})
     mend(nb, {})
     assert "widgets" not in nb["metadata"]
+
+
+def test_progress_rewritten_in_place_is_saved_as_its_last_version():
+    """nbconvert keeps every print of a cell as its own output; JupyterLab joins them and applies the
+    carriage returns (found in chapter 07: a progress line saved as some forty outputs)."""
+    stream = lambda text, name="stdout": {"output_type": "stream", "name": name, "text": text}  # noqa: E731
+    cell = {"cell_type": "code", "outputs": [
+        stream("⚠ busy\n"), stream(["\r", "round 1 of 2   "]), stream("\rround 2 of 2   "),
+        stream("\rdone in 3.0 s\n"), stream("warned\n", "stderr"), stream("the words\n"),
+        {"output_type": "display_data", "data": {"text/plain": "a plot"}, "metadata": {}}, stream("after\n")]}
+    nb = {"cells": [cell, {"cell_type": "markdown", "source": "x"}]}
+    coalesce_streams(nb)
+    assert [o.get("text") for o in cell["outputs"]] == [
+        "⚠ busy\ndone in 3.0 s  \n", "warned\n", "the words\n", None, "after\n"]
+    coalesce_streams(nb)  # joined once, it stays as it is
+    assert [o.get("text") for o in cell["outputs"]][0] == "⚠ busy\ndone in 3.0 s  \n"
 
 
 def test_the_hook_reads_the_file_on_disk(tmp_path):

@@ -14,6 +14,10 @@ model not found". This hook mends the state on its way to disk:
 and leaves out models no output can reach any more (widgets of cells run again since). `make lab`
 installs it (scripts/jupyter_server_config.json); every widget of the course carries a still
 picture (`widgets/animation.py::StillFallback`), so a dropped reference still shows something.
+
+`make execute` ends with `mend_files`, which also joins each cell's consecutive prints the way
+JupyterLab's output area does (`coalesce_streams`): a progress line rewritten in place with a
+carriage return is saved as its last version, not as one output per rewrite.
 """
 
 from __future__ import annotations
@@ -98,6 +102,38 @@ def _saved_state(contents_manager: Any, path: str) -> dict[str, dict]:
     return dict(widgets.get(STATE, {}).get("state", {}))
 
 
+def coalesce_streams(notebook: dict) -> None:
+    """Join each run of consecutive outputs of one stream (stdout, stderr) into one, and apply its
+    carriage returns, as JupyterLab shows and saves a cell's prints."""
+    for cell in notebook.get("cells", []):
+        if cell.get("cell_type") != "code":
+            continue
+        joined: list[dict] = []
+        for output in cell.get("outputs", []):
+            text = "".join(output["text"]) if output.get("output_type") == "stream" else None
+            last = joined[-1] if joined else None
+            if text is not None and last is not None and last.get("output_type") == "stream" \
+                    and last.get("name") == output.get("name"):
+                last["text"] += text
+            else:
+                joined.append(output if text is None else {**output, "text": text})
+        for output in joined:
+            if output.get("output_type") == "stream":
+                output["text"] = _carriage_returns(output["text"])
+        cell["outputs"] = joined
+
+
+def _carriage_returns(text: str) -> str:
+    """What a terminal shows: after a carriage return, a line's text is written over from its start."""
+    lines = []
+    for line in re.sub(r"\r+\n", "\n", text).split("\n"):
+        shown = ""
+        for piece in line.split("\r"):
+            shown = piece + shown[len(piece):]
+        lines.append(shown)
+    return "\n".join(lines)
+
+
 def mend_files(paths: list[str]) -> None:
     """Mend notebook files in place, as saving them in JupyterLab would (`make execute` runs this after
     executing the chapters, so that a committed chapter saved unchanged stays byte for byte the same)."""
@@ -106,6 +142,7 @@ def mend_files(paths: list[str]) -> None:
     for path in paths:
         notebook = nbformat.read(path, as_version=nbformat.NO_CONVERT)
         mend(notebook, {})
+        coalesce_streams(notebook)
         nbformat.write(notebook, path, version=nbformat.NO_CONVERT)
 
 
