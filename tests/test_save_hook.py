@@ -89,6 +89,21 @@ def test_progress_rewritten_in_place_is_saved_as_its_last_version():
     assert [o.get("text") for o in cell["outputs"]][0] == "⚠ busy\ndone in 3.0 s  \n"
 
 
+def test_make_execute_joins_the_prints_of_a_real_notebook_file(tmp_path):
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook, new_output
+
+    from widgets.save_hook import mend_files
+
+    cell = new_code_cell("x", outputs=[new_output("stream", name="stdout", text="\rround 1"),
+                                       new_output("stream", name="stdout", text="\rdone   \n")])
+    path = tmp_path / "ch.ipynb"
+    nbformat.write(new_notebook(cells=[cell]), path)
+    mend_files([str(path)])
+    outputs = nbformat.read(path, as_version=4).cells[0].outputs
+    assert [o.text for o in outputs] == ["done   \n"]
+
+
 def test_the_hook_reads_the_file_on_disk(tmp_path):
     (tmp_path / "ch.ipynb").write_text(json.dumps(notebook([widget_output("b0")], SAVED)))
     saving = {"type": "notebook", "content": notebook([widget_output("b0")], {})}

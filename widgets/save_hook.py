@@ -116,7 +116,9 @@ def coalesce_streams(notebook: dict) -> None:
                     and last.get("name") == output.get("name"):
                 last["text"] += text
             else:
-                joined.append(output if text is None else {**output, "text": text})
+                if text is not None:
+                    output["text"] = text  # in place: nbformat's outputs are its own dict type
+                joined.append(output)
         for output in joined:
             if output.get("output_type") == "stream":
                 output["text"] = _carriage_returns(output["text"])
