@@ -19,6 +19,7 @@ import contextlib
 import math
 import os
 import statistics
+import textwrap
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -217,7 +218,8 @@ def interleaved(runs: Mapping[str, Callable[[], T]], rounds: int = 3, *, warmup:
         with CpuWatch(include) as glance:
             time.sleep(0.25)
         if glance.use is not None and glance.use.busy:
-            print(f"⚠ Before measuring: {glance.use.describe()}. The timings below will be disturbed.", flush=True)
+            print(textwrap.fill(f"⚠ Before measuring: {glance.use.describe()}. The timings below will be disturbed.",
+                                100), flush=True)
     if warmup:
         for name in names:
             _say(progress, f"warming up: {name}")
