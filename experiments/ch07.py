@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from experiments import Finding
+from experiments import Finding, same_tokens
 from minillm import EngineConfig, SamplingParams, SpeculativeConfig
 from minillm.attention import ContiguousKVCache
 from minillm.engine import LLMEngine, RequestOutput
@@ -201,9 +201,7 @@ def speculation_speedup(target, tokenizer, passages: Sequence[Sequence[int]], k:
     trials = interleaved({"plain": lambda: generate(target, tokenizer, passages, new_tokens, None),
                           "speculative": lambda: generate(target, tokenizer, passages, new_tokens, spec)},
                          rounds, rerun="this cell")
-    runs = [run for results in trials.results.values() for run in results]
-    tokens = [o.token_ids for o in runs[0].outputs]
-    assert all([o.token_ids for o in run.outputs] == tokens for run in runs), "speculation changed a greedy token"
+    tokens = same_tokens(trials, "speculation")
     rate = lambda run: run.tok_per_s  # noqa: E731
     speedup = trials.ratio("speculative", "plain", rate, what="output speed")
     plain, fast = max(trials.values("plain", rate)), max(trials.values("speculative", rate))  # least disturbed
