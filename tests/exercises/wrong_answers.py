@@ -919,6 +919,40 @@ def context_without_the_new_token(rows, buckets, width, block_size, pad_block):
     return _pad_lists(rows, bucket, width, block_size, pad_block, context=lambda p: p)  # WRONG: its own token too
 
 
+def _smallest_bucket(rows, buckets):
+    return next((b for b in buckets if b >= len(rows)), None)
+
+
+@wrong("ch08.pad", "The caller's rows are left unchanged")
+def pad_extending_the_callers_tables(rows, buckets, width, block_size, pad_block):
+    bucket = _smallest_bucket(rows, buckets)
+    if bucket is None:
+        return None
+    for _, _, table in rows:
+        table.extend([pad_block] * (width - len(table)))  # WRONG: pads the caller's own block tables in place
+    return _pad_lists(rows, bucket, width, block_size, pad_block)
+
+
+@wrong("ch08.pad", "context 1")
+def padding_rows_with_context_zero(rows, buckets, width, block_size, pad_block):
+    bucket = _smallest_bucket(rows, buckets)
+    if bucket is None:
+        return None
+    batch = _pad_lists(rows, bucket, width, block_size, pad_block)
+    batch["context_lens"][len(rows):] = [0] * (bucket - len(rows))  # WRONG: a padding row attends to its own token
+    return batch
+
+
+def pad_extending_the_tables_and_padding_with_context_zero(rows, buckets, width, block_size, pad_block):
+    """Both mistakes at once (a learner walk's attempt): each must be reported by its own rule."""
+    bucket = _smallest_bucket(rows, buckets)
+    if bucket is None:
+        return None
+    for _, _, table in rows:
+        table.extend([pad_block] * (width - len(table)))
+    return padding_rows_with_context_zero(rows, buckets, width, block_size, pad_block)
+
+
 # ----------------------------------------------------------------------------- ch08.fill
 
 
@@ -1012,6 +1046,33 @@ def buckets_every_candidate_that_fits(seen, capture_mib, budget_mib, graph_ms, e
     if sum(capture_mib.values()) <= budget_mib:
         return sorted(capture_mib)  # WRONG: everything fits, so record everything (buckets no batch uses too)
     return _fastest(seen, capture_mib, budget_mib, graph_ms, eager_ms)
+
+
+@wrong("ch08.buckets", "[] may be the fastest choice")
+def buckets_never_all_eager(seen, capture_mib, budget_mib, graph_ms, eager_ms):
+    best, best_key = [], None
+    for size in range(1, len(capture_mib) + 1):  # WRONG: [] is only the fallback when no bucket fits
+        for chosen in itertools.combinations(sorted(capture_mib), size):
+            mib = sum(capture_mib[b] for b in chosen)
+            if mib > budget_mib:
+                continue
+            key = (round(_mean_step_ms(chosen, seen, graph_ms, eager_ms), 9), mib)
+            if best_key is None or key < best_key:
+                best, best_key = list(chosen), key
+    return best
+
+
+@wrong("ch08.buckets", "the one that keeps less memory")
+def buckets_first_of_the_equally_fast(seen, capture_mib, budget_mib, graph_ms, eager_ms):
+    best, best_ms = [], _mean_step_ms((), seen, graph_ms, eager_ms)
+    for size in range(1, len(capture_mib) + 1):  # fewer buckets first, so a tie often keeps the smaller choice
+        for chosen in itertools.combinations(sorted(capture_mib), size):
+            if sum(capture_mib[b] for b in chosen) > budget_mib:
+                continue
+            ms = _mean_step_ms(chosen, seen, graph_ms, eager_ms)
+            if ms < best_ms - 1e-9:  # WRONG: a tie keeps the first found, whatever the memory either keeps
+                best, best_ms = list(chosen), ms
+    return best
 
 
 # ----------------------------------------------------------------------------- ch09.diagnose
