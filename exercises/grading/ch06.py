@@ -242,12 +242,13 @@ def choose_leaves_the_arguments_unchanged(impl: Callable) -> None:
 def _random_case(rng: random.Random) -> tuple[tuple, list[int], int, float, list[int]]:
     """Exact binary fractions everywhere, so that a sum comes out the same in any order."""
     cost = (rng.randint(1, 64) / 4, rng.randint(0, 64) / 256, rng.randint(0, 64) / 2**16)
-    contexts = [rng.randint(1, 2000) for _ in range(rng.randint(0, 12))]
+    many = rng.random() < 0.5  # half the cases: many decodes, whose contexts grow by one every step of the prompt
+    contexts = [rng.randint(1, 2000) for _ in range(rng.randint(16, 64) if many else rng.randint(0, 12))]
     prompt_len = rng.randint(1, 3000)
     sizes = rng.sample([8, 16, 24, 32, 48, 64, 100, 128, 200, 256, 384, 500, 512, 1024, 2048, 4096], rng.randint(1, 6))
     heaviest = [max(_prefill_steps(cost, contexts, prompt_len, s)) for s in sizes]
     target = float(rng.choice(heaviest)) if rng.random() < 0.5 else float(rng.choice(heaviest)) * rng.choice(
-        [0.5, 0.9, 1.1, 2.0])
+        [0.5, 0.9, 0.999, 1.1, 2.0])  # 0.999: a size just over the target, by less than its decodes' growth
     return cost, contexts, prompt_len, target, sizes
 
 
