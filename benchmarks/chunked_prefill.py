@@ -170,19 +170,21 @@ def plot(saved: dict, path: Path) -> None:
     sizes = [c for c, _ in sweep]
     ax.plot(sizes, [r["itl_p99_s"] * 1e3 for _, r in sweep], "o-", color="#2a7", label="ITL p99, decoders")
     ax.axhline(plain["itl_p99_s"] * 1e3, color="#2a7", ls="--", lw=1.2, label="ITL p99, unchunked")
-    ax.annotate(f"ITL p99 unchunked {plain['itl_p99_s'] * 1e3:.0f} ms", (sizes[0], plain["itl_p99_s"] * 1e3),
-                xytext=(0, -11), textcoords="offset points", fontsize=7, color="#2a7")
     ax.plot(sizes, [r["long_prompt_ttft_p50_s"] * 1e3 for _, r in sweep], "s-", color="#c60",
             label="TTFT p50, long prompts")
     ax.axhline(plain["long_prompt_ttft_p50_s"] * 1e3, color="#c60", ls=":", lw=1.6, label="TTFT p50, unchunked")
-    ax.annotate(f"TTFT unchunked {plain['long_prompt_ttft_p50_s'] * 1e3:.0f} ms",
-                (sizes[-1], plain["long_prompt_ttft_p50_s"] * 1e3), xytext=(0, 4), textcoords="offset points",
-                fontsize=7, color="#c60", ha="right")
+    # the two unchunked lines often lie close together: the lower one's label goes under it, the higher
+    # one's over it, so that they never crowd each other whatever the figures
+    lines = sorted([(plain["itl_p99_s"] * 1e3, "ITL p99 unchunked", "#2a7"),
+                    (plain["long_prompt_ttft_p50_s"] * 1e3, "TTFT unchunked", "#c60")])
+    for (y, label, colour), (dy, va) in zip(lines, [(-3, "top"), (3, "bottom")]):
+        ax.annotate(f"{label} {y:.0f} ms", (sizes[0], y), xytext=(2, dy), textcoords="offset points", fontsize=7,
+                    color=colour, ha="left", va=va)
     ax.set_xscale("log", base=2)
     ax.set_xticks(sizes, [str(s) for s in sizes])
     ax.set(xlabel="max_tokens_per_prefill_chunk", ylabel="ms", ylim=(0, None),
            title="the trade-off: smaller chunks, smoother decodes,\nlater first token for the long prompt")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper right")
     ax = axes[2]
     names = ["unchunked"] + [f"chunk {c}" for c in sizes]
     bars = ax.bar(range(len(names)), [rows[n]["output_tok_per_s"] for n in names],

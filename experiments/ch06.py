@@ -25,7 +25,7 @@ from experiments import Finding, same_tokens
 from minillm import LLM, EngineConfig, SamplingParams
 from minillm.engine import LLMEngine, RequestOutput
 from minillm.metrics import percentile
-from minillm.timing import Trials, interleaved
+from minillm.timing import PairedRatio, Trials, interleaved
 from minillm.trace import StepRecord, Trace
 
 # chapter 5's paged engine, without its prefix cache: every run of the chapter pays for every prompt in full
@@ -260,6 +260,30 @@ def _same_tokens(trials: Trials[Served], reference: list[list[int]] | None = Non
     assert reference is None or tokens == reference, "chunked prefill changed a token"
 
 
+def _rerun(trials: Trials, cell: str = "the cell") -> str:
+    """What to do about words that did not hold: the guard's warning, printed above them, says why when
+    it fired; otherwise the machine looked quiet and a rerun shows whether it happens again."""
+    if trials.warning():
+        return "The warning above says what was disturbed."
+    return f"The machine did not look busy, so rerun {cell} to see whether it happens again."
+
+
+def _tally(r: PairedRatio, claim: str) -> str:
+    """"<claim>: shown in 2 of 2 rounds (1.68x, 1.71x)", or "the other way in 2 of 2 rounds (…)"."""
+    n, k = len(r.per_round), sum(x > 1 for x in r.per_round)
+    return f"{claim}: {f'shown in {k} of {n}' if k else f'the other way in {n} of {n}'} rounds ({r.rounds()})"
+
+
+def carried_warning(finding: Finding, what: str) -> str | None:
+    """For a cell that replays a run of `finding` (a table of its steps, a widget): the guard's findings
+    about the rounds it comes from, or None when they held."""
+    problems = finding.trials.problems() if finding.trials is not None else []
+    if not problems:
+        return None
+    return (f"⚠ {what} come from runs measured while other work was running ({'; '.join(problems)}): their times "
+            f"can be off by a lot. Rerun {finding.trials.rerun} once the machine is quiet.")
+
+
 def stall(work: Workload, rounds: int = 2) -> Finding:
     """Chapter 5's engine alone, `rounds` times: how long the decoders waited while the long prompt ran.
     numbers: "run" (the least disturbed `Served`), "itl_p50_s", "prompt_step_s" (the step that ran the
@@ -282,8 +306,8 @@ def stall(work: Workload, rounds: int = 2) -> Finding:
     else:
         text = (f"The {n} decoding requests got a token every {p50 * 1e3:.0f} ms (median); the step that ran the "
                 f"long prompt took {step * 1e3:.0f} ms, a gap of {stall_gap * 1e3:.0f} ms for each of them. Here "
-                f"that gap did not stand out as it should: something else slowed the ordinary steps. If no warning "
-                f"follows, rerun the cell.")
+                f"that gap did not stand out as it should: something else slowed the ordinary steps. "
+                + _rerun(trials))
     if worst > 1.2 * stall_gap:
         text += (f" (One gap, {worst * 1e3:.0f} ms, was longer still: something else paused the engine then, not "
                  f"the prompt.)")
@@ -294,15 +318,18 @@ def stall(work: Workload, rounds: int = 2) -> Finding:
 def chunk_sweep(work: Workload, sizes: Sequence[int] = (32, 128, 512), rounds: int = 3) -> Finding:
     """Chapter 5's engine and chunked engines (chunks of each of `sizes`) on `work`, interleaved,
     `rounds` rounds. numbers: "runs" (each configuration's least disturbed `Served`, by name:
-    "unchunked", "chunks of 32"...), "rows" (per name: its least disturbed round of each metric and
+    "unchunked", "chunks of 32"...), "rows" (per name: the figures of its least disturbed round and
     what the model predicts), "cost" (the `StepCost` fitted to every step of every configuration, each
     step at its least disturbed time), "steps" ({name: (work, seconds, kept by the fit)}),
     "itl_p99_ratio" and "ttft_ratio" (the `PairedRatio`s: unchunked / smallest chunks for the decoders'
-    p99 gap, smallest chunks / unchunked for the long prompt's TTFT)."""
+    p99 gap, smallest chunks / unchunked for the long prompt's TTFT), "traded" (both ratios held) and
+    "order_broken" (the (larger, smaller) neighbours whose longest steps did not fall with the chunk).
+    Each row is one round, that configuration's least disturbed (`runs`): the round a replay shows."""
     sizes = sorted(sizes)
     configs = {"unchunked": CHAPTER_5} | {f"chunks of {c}": chunked(c) for c in sizes}
     trials = interleaved({name: (lambda config=config: serve(config, work)) for name, config in configs.items()},
-                         rounds, rerun="this cell (the cells after it read its runs)")
+                         rounds, rerun="the cell with `sweep = chunk_sweep(work)` (section 1) and the cells after it, "
+                                       "which read its runs")
     _same_tokens(trials)
     measured = {name: least_disturbed_steps(trials.results[name]) for name in configs}
     cost, kept = fit_steps([w for ws, _ in measured.values() for w in ws],
@@ -316,69 +343,131 @@ def chunk_sweep(work: Workload, sizes: Sequence[int] = (32, 128, 512), rounds: i
     for name, config in configs.items():
         chunk = config.max_tokens_per_prefill_chunk if config.chunked_prefill else len(work.long_prompt)
         predicted = cost.prompt_steps(decode_contexts_at_arrival(runs[name]), len(work.long_prompt), chunk)
-        best = lambda metric, name=name: trials.best(name, metric)  # noqa: E731
-        rows[name] = {"longest_step_s": best(lambda r: r.longest_step), "itl_p50_s": best(lambda r: r.itl_p50),
-                      "itl_p99_s": best(lambda r: r.itl_p99), "ttft_s": best(lambda r: r.ttft),
-                      "prompt_steps": runs[name].prompt_steps, "predicted_longest_s": max(predicted),
+        run = runs[name]  # one round for the whole row: the one the step table and the widget replay
+        rows[name] = {"longest_step_s": run.longest_step, "itl_p50_s": run.itl_p50, "itl_p99_s": run.itl_p99,
+                      "ttft_s": run.ttft, "prompt_steps": run.prompt_steps, "predicted_longest_s": max(predicted),
                       "predicted_ttft_s": sum(predicted)}
     small = f"chunks of {sizes[0]}"
     smoother = trials.ratio("unchunked", small, lambda run: run.itl_p99)
     later = trials.ratio(small, "unchunked", lambda run: run.ttft)
-    holds = smoother.value > 1 and smoother.agrees and later.value > 1 and later.agrees
+    # the heaviest step falls as the chunk shrinks (the model's maximum does, for every fit): unchunked, then
+    # the largest chunks down to the smallest
+    order = ["unchunked"] + [f"chunks of {c}" for c in reversed(sizes)]
+    broken = [(a, b) for a, b in zip(order, order[1:]) if rows[b]["longest_step_s"] >= rows[a]["longest_step_s"]]
+    traded = smoother.value > 1 and smoother.agrees and later.value > 1 and later.agrees
+    holds = traded and not broken
     plain, chunks = rows["unchunked"], rows[small]
+    longest = ", ".join(f"{name} {rows[name]['longest_step_s'] * 1e3:.0f} ms" for name in order)
+    if not broken:
+        trend = f"The longest step after the arrival fell as the chunk shrank: {longest}."
+    else:
+        trend = (f"The longest step after the arrival did not fall with the chunk everywhere ({longest}; the model: "
+                 + ", ".join(f"{rows[name]['predicted_longest_s'] * 1e3:.0f} ms" for name in order) + "): "
+                 + "; ".join(f"{b} broke the order, {rows[b]['longest_step_s'] * 1e3:.0f} ms against "
+                             f"{rows[a]['longest_step_s'] * 1e3:.0f} ms for {a}" for a, b in broken)
+                 + ". The same steps were scheduled in every round, so something else took that time. "
+                 + _rerun(trials, "the sweep's cell"))
     gaps, waits = smoother.rounds("{:.1f}x"), later.rounds()
-    if holds:
+    if traded:
         text = (f"Chunks of {sizes[0]} cut the decoders' p99 gap from {plain['itl_p99_s'] * 1e3:.0f} ms to "
                 f"{chunks['itl_p99_s'] * 1e3:.0f} ms and delayed the long prompt's first token from "
-                f"{plain['ttft_s'] * 1e3:.0f} ms to {chunks['ttft_s'] * 1e3:.0f} ms (each the least disturbed of "
-                f"{rounds} runs). Round by round, where the two ran back to back, the p99 gap was {smoother:.1f}x "
+                f"{plain['ttft_s'] * 1e3:.0f} ms to {chunks['ttft_s'] * 1e3:.0f} ms (each engine's least disturbed of "
+                f"{rounds} rounds). Round by round, where the two ran back to back, the p99 gap was {smoother:.1f}x "
                 f"shorter (the median of {gaps}) and the first token {later:.2f}x later (the median of {waits}): "
-                f"smoother decodes, paid for by the long prompt.")
+                f"smoother decodes, paid for by the long prompt. " + trend)
     else:
         text = (f"Here the trade-off did not show in every round: the p99 gap unchunked / chunks of {sizes[0]} was "
                 f"{gaps} and the long prompt's TTFT chunks of {sizes[0]} / unchunked {waits} (least disturbed: p99 "
                 f"{plain['itl_p99_s'] * 1e3:.0f} ms against {chunks['itl_p99_s'] * 1e3:.0f} ms, TTFT "
                 f"{plain['ttft_s'] * 1e3:.0f} ms against {chunks['ttft_s'] * 1e3:.0f} ms). The same tokens were "
-                f"computed either way, so something else took the time. If no warning follows, rerun the cell.")
+                f"computed either way, so something else took the time. " + trend
+                + ("" if broken else " " + _rerun(trials, "the sweep's cell")))
     numbers = {"runs": runs, "rows": rows, "cost": cost, "steps": steps, "sizes": sizes, "itl_p99_ratio": smoother,
-               "ttft_ratio": later}
+               "ttft_ratio": later, "traded": traded, "order_broken": broken}
     return Finding(text, holds, numbers, trials)
 
 
-def budgets(work: Workload, budgets: Sequence[int] = (8192, 136), chunk: int = 128, rounds: int = 2) -> Finding:
+def _prefill_until_first_token(run: Served, request_id: str) -> list[int]:
+    """The indices of the steps from the long prompts' arrival through the one that ran `request_id`'s last
+    chunk (the one that sampled its first token)."""
+    steps = run.trace.steps
+    first = next(i for i, s in enumerate(steps) if "long" in s.admitted)
+    last = max(i for i, s in enumerate(steps) if request_id in s.prefill_tokens)
+    return list(range(first, last + 1))
+
+
+def predicted_ttft(run: Served, request_id: str, cost: StepCost) -> tuple[float, int]:
+    """The model's time to `request_id`'s first token: its sum over the steps the run scheduled from the
+    long prompts' arrival to that prompt's last chunk; and how many steps that is."""
+    steps = run.trace.steps
+    span = _prefill_until_first_token(run, request_id)
+    return sum(cost.time(*step_work(steps[i], steps[i - 1] if i else None)) for i in span), len(span)
+
+
+def budgets(work: Workload, budgets: Sequence[int] = (8192, 136), chunk: int = 128, rounds: int = 2,
+            cost: StepCost | None = None) -> Finding:
     """Two prompts arrive together (`work.num_long` should be 2); chunks of `chunk` under each step
-    budget of `budgets` (the generous one first, the tight one second), interleaved. numbers: "runs"
-    ({budget: least disturbed `Served`}), "first_ratio" (the first prompt's TTFT, generous / tight),
-    "second_ratio" (the second's, tight / generous), "step_ratio" (the longest step, generous / tight)."""
+    budget of `budgets` (the generous one first, the tight one second), interleaved. `cost` (default:
+    fitted to these runs' own steps) predicts each prompt's first token from the steps each run
+    scheduled. numbers: "runs" ({budget: least disturbed `Served`}), "first_ratio" (the first prompt's
+    TTFT, generous / tight), "second_ratio" (the second's, tight / generous), "step_ratio" (the longest
+    step, generous / tight), "predicted" ({budget: (first's, second's) predicted TTFT}), "cost".
+
+    The claim is the first two and the cap: the first prompt no longer shares its steps, and no step
+    runs more than the tight budget. The second prompt's first token is not part of it: the model puts
+    it later (it waits through more steps, each paying p0 and the decodes again), but on a CPU one step
+    of two chunks side by side can cost more than the model's sum, so measured it can land either way;
+    the words say which, beside the model's figures."""
     loose, tight = budgets
     names = {b: f"budget {b}" for b in budgets}
     trials = interleaved({names[b]: (lambda b=b: serve(chunked(chunk, b), work)) for b in budgets}, rounds,
                          rerun="this cell")
     _same_tokens(trials)
     runs = {b: _least_disturbed(trials, names[b]) for b in budgets}
-    first = trials.ratio(names[loose], names[tight], lambda run: run.ttfts[0])
-    second = trials.ratio(names[tight], names[loose], lambda run: run.ttfts[-1])
-    step = trials.ratio(names[loose], names[tight], lambda run: run.longest_step)
-    capped = all(run.most_tokens <= tight for run in trials.results[names[tight]])
-    holds = capped and all(r.value > 1 and r.agrees for r in (first, second, step))
+    if cost is None:
+        measured = [least_disturbed_steps(trials.results[names[b]]) for b in budgets]
+        cost, _ = fit_steps([w for ws, _ in measured for w in ws], [t for _, ts in measured for t in ts])
+    first = trials.ratio(names[loose], names[tight], lambda run: run.ttfts[0], what="the first prompt's TTFT")
+    second = trials.ratio(names[tight], names[loose], lambda run: run.ttfts[-1], what="the second prompt's TTFT")
+    step = trials.ratio(names[loose], names[tight], lambda run: run.longest_step, what="the longest step")
+    most = max(r.most_tokens for r in trials.results[names[tight]])
+    capped = most <= tight
+    holds = capped and all(r.value > 1 and r.agrees for r in (first, step))
     a, b = runs[loose], runs[tight]
+    ids = [o.request_id for o in a.outputs[a.num_decoders :]]
+    predicted = {budget: tuple(predicted_ttft(runs[budget], i, cost) for i in (ids[0], ids[-1])) for budget in budgets}
+    (_, loose_steps), (_, tight_steps) = predicted[loose][-1], predicted[tight][-1]
+    model_later = predicted[tight][-1][0] / predicted[loose][-1][0]
+    model = (f"the step-cost model, summing the steps each run scheduled, puts it at "
+             f"{predicted[tight][-1][0] * 1e3:.0f} ms against {predicted[loose][-1][0] * 1e3:.0f} ms "
+             f"({model_later:.2f}x {'later' if model_later >= 1 else 'sooner'}: it waits through {tight_steps} steps "
+             f"instead of {loose_steps}, each paying p0 and the decodes again)")
+    if all(x > 1 for x in second.per_round):
+        landed = (f"came later in every round ({b.ttfts[-1] * 1e3:.0f} ms against {a.ttfts[-1] * 1e3:.0f} ms), "
+                  f"and {model}.")
+    elif all(x < 1 for x in second.per_round):
+        landed = (f"came sooner in every round ({b.ttfts[-1] * 1e3:.0f} ms against {a.ttfts[-1] * 1e3:.0f} ms), "
+                  f"while {model}. On a CPU one step of two chunks side by side can cost more than two steps of one "
+                  f"(the larger matrices fall out of the caches), which the model's p1 · tokens does not see: the "
+                  f"second prompt can land either way.")
+    else:
+        landed = (f"went both ways over the rounds ({second.rounds()}; least disturbed {b.ttfts[-1] * 1e3:.0f} ms "
+                  f"against {a.ttfts[-1] * 1e3:.0f} ms), while {model}: within this run's noise.")
     if holds:
         text = (f"With a budget of {tight} no step ran more than {b.most_tokens} tokens (against {a.most_tokens}), "
                 f"and the longest step took {b.longest_step * 1e3:.0f} ms instead of {a.longest_step * 1e3:.0f} ms "
                 f"({step:.2f}x shorter, the median of per-round ratios). The first prompt, no longer sharing its "
                 f"steps, reached its first token {first:.2f}x sooner ({b.ttfts[0] * 1e3:.0f} ms against "
-                f"{a.ttfts[0] * 1e3:.0f} ms); the second, which waited for room, {second:.2f}x later "
-                f"({b.ttfts[-1] * 1e3:.0f} ms against {a.ttfts[-1] * 1e3:.0f} ms).")
+                f"{a.ttfts[0] * 1e3:.0f} ms). The second, which waited for room, {landed}")
     else:
-        shown = "; ".join(f"{name}: {', '.join(f'{x:.2f}' for x in r.per_round)}" for name, r in
-                          ((f"first prompt's TTFT, {loose} / {tight}", first),
-                           (f"second prompt's TTFT, {tight} / {loose}", second),
-                           (f"longest step, {loose} / {tight}", step)))
-        text = (f"Here the budget's effect did not show in every round ({shown}; the most tokens in a step under "
-                f"the budget of {tight}: {max(r.most_tokens for r in trials.results[names[tight]])}). If no warning "
-                f"follows, rerun the cell.")
-    return Finding(text, holds, {"runs": runs, "first_ratio": first, "second_ratio": second, "step_ratio": step},
-                   trials)
+        shown = "; ".join((_tally(first, f"the first prompt's first token sooner under {tight}"),
+                           _tally(step, f"the longest step shorter under {tight}")))
+        text = (f"Here the budget's effect did not show in every round — {shown}; the most tokens in a step under "
+                f"the budget of {tight}: {most}{'' if capped else ', over the budget'}. The second prompt, which "
+                f"waited for room, {landed} " + _rerun(trials))
+    numbers = {"runs": runs, "first_ratio": first, "second_ratio": second, "step_ratio": step,
+               "predicted": {budget: (p[0][0], p[1][0]) for budget, p in predicted.items()}, "cost": cost}
+    return Finding(text, holds, numbers, trials)
 
 
 def chosen_chunk(work: Workload, chunk: int, target_s: float, cost: StepCost, rounds: int = 2) -> Finding:
@@ -411,7 +500,7 @@ def saved_benchmark_words(saved: dict) -> str:
     meta, rows, ratios = saved["meta"], saved["rows"], saved["ratios"]
     plain, default = rows["unchunked"], meta["default_chunk"]
     sweep = sorted((r["max_tokens_per_prefill_chunk"], r) for r in rows.values() if r["max_tokens_per_prefill_chunk"])
-    smallest, largest = sweep[0], sweep[-1]
+    smallest = sweep[0]
     ms = lambda seconds: f"{seconds * 1e3:.0f} ms"  # noqa: E731
     lowest = min(sweep, key=lambda item: item[1]["itl_p99_s"])
     below = [c for c, _ in sweep if c < lowest[0]]
@@ -430,20 +519,37 @@ def saved_benchmark_words(saved: dict) -> str:
     median = (f"The median gap was {ms(plain['itl_p50_s'])} unchunked and between {ms(min(p50s))} and "
               f"{ms(max(p50s))} chunked (chunks of {smallest[0]}: {ms(smallest[1]['itl_p50_s'])}, where a prompt "
               f"needs {-(-meta['prompt_len'] // smallest[0])} steps and rides along in many of the run's steps).")
-    late = smallest[1]["long_prompt_ttft_p50_s"] / plain["long_prompt_ttft_p50_s"]
-    closest = largest[1]["long_prompt_ttft_p50_s"] / plain["long_prompt_ttft_p50_s"]
-    if late > 1 and closest >= 0.98:
-        ttft = (f"The long prompts pay: their median TTFT was {ms(plain['long_prompt_ttft_p50_s'])} unchunked, "
-                f"{ms(largest[1]['long_prompt_ttft_p50_s'])} in chunks of {largest[0]} and "
-                f"{ms(smallest[1]['long_prompt_ttft_p50_s'])} in chunks of {smallest[0]} ({late:.1f}x); chunks of "
-                f"{default} against unchunked: x{ratios['long_prompt_ttft_chunked_vs_unchunked']:.2f} (paired "
-                f"median).")
+    # each chunk size against unchunked, repeat by repeat (the repeats ran the engines alternately)
+    runs = saved.get("runs", {})
+    per_repeat = {c: [x["long_prompt_ttft_p50_s"] / y["long_prompt_ttft_p50_s"]
+                      for x, y in zip(runs.get(f"chunk {c}", [r]), runs.get("unchunked", [plain]))] for c, r in sweep}
+    later = [c for c, _ in sweep if all(x > 1 for x in per_repeat[c])]
+    sooner = [c for c, _ in sweep if all(x < 1 for x in per_repeat[c])]
+    mixed = [c for c, _ in sweep if c not in later and c not in sooner]
+    sizes = lambda cs: ", ".join(map(str, cs[:-1])) + (" and " if len(cs) > 1 else "") + str(cs[-1])  # noqa: E731
+    repeats = len(runs.get("unchunked", [plain]))
+    ttft = (f"The long prompts' median TTFT was {ms(plain['long_prompt_ttft_p50_s'])} unchunked; "
+            + ", ".join(f"{ms(r['long_prompt_ttft_p50_s'])} in chunks of {c}" for c, r in sweep) + ". ")
+    if not sooner and not mixed:
+        ttft += (f"The long prompts pay: every chunk size reached the first token later than unchunked, in each of "
+                 f"the {repeats} repeats; chunks of {default} against unchunked "
+                 f"x{ratios['long_prompt_ttft_chunked_vs_unchunked']:.2f} (paired median).")
     else:
-        ttft = (f"The long prompts' median TTFT: {ms(plain['long_prompt_ttft_p50_s'])} unchunked, "
-                f"{ms(largest[1]['long_prompt_ttft_p50_s'])} in chunks of {largest[0]} and "
-                f"{ms(smallest[1]['long_prompt_ttft_p50_s'])} in chunks of {smallest[0]}: here a chunked prompt "
-                f"did not always wait longer than an unchunked one, which the step-cost model does not expect — "
-                f"a sign of a disturbed run; rerun the benchmark on a quiet machine.")
+        if later:
+            ttft += (f"Chunks of {sizes(later)} paid for their extra steps, later than unchunked in each of the "
+                     f"{repeats} repeats (chunks of {default} against unchunked "
+                     f"x{ratios['long_prompt_ttft_chunked_vs_unchunked']:.2f}, paired median). ")
+        if sooner:
+            ttft += (f"Chunks of {sizes(sooner)} reached it sooner than unchunked in each of the {repeats} repeats: "
+                     f"not what the step-cost model says (every extra step pays p0 and the decodes again), but not "
+                     f"noise either — on a CPU a step of a few hundred tokens can cost less per token than one of "
+                     f"{meta['prompt_len']:,} (its matrices stay in the caches), which the model's p1 · tokens does "
+                     f"not see. ")
+        if mixed:
+            ttft += (f"For chunks of {sizes(mixed)} the repeats disagreed on which came first ("
+                     + "; ".join(f"{c}: " + ", ".join(f"x{x:.2f}" for x in per_repeat[c]) for c in mixed)
+                     + " against unchunked): the difference is within the noise of these runs.")
+    ttft = ttft.rstrip()
     rates = [r["output_tok_per_s"] for _, r in sweep]
     throughput = (f"Output tokens per second: {plain['output_tok_per_s']:.0f} unchunked, {min(rates):.0f} to "
                   f"{max(rates):.0f} chunked; chunks of {default} against unchunked "
