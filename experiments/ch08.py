@@ -124,9 +124,9 @@ def _rounds(ratio: PairedRatio, fmt: str = "{:.2f}x") -> str:
 def step_anatomy(engine: LLMEngine, prompt: Sequence[int], rounds: int = 3, new_tokens: int = 40,
                  warm_steps: int = 8, rerun: str = "this cell") -> Finding:
     """The engine's batch-1 decode step against its matrix multiplies alone, interleaved `rounds` times.
-    numbers: step_s and matmul_s (each the least disturbed round), other_share (the median over rounds of
-    the share of the step that is not the matrix multiplies), num_ops (operators one step dispatches,
-    from torch.profiler) and profile (that step's StepProfile)."""
+    numbers: step_s and matmul_s (both from the round whose matrix-multiply share is the median),
+    other_share (the share of that round's step that is not the matrix multiplies), num_ops (operators
+    one step dispatches, from torch.profiler) and profile (that step's StepProfile)."""
     trials = interleaved({"the step": lambda: serve(engine, [prompt], new_tokens),
                           "its matrix multiplies": lambda: matmuls_alone(engine.model)},
                          rounds, warmup=True, rerun=rerun)
@@ -134,21 +134,25 @@ def step_anatomy(engine: LLMEngine, prompt: Sequence[int], rounds: int = 3, new_
 
 
 def describe_anatomy(trials: Trials, profile: StepProfile) -> Finding:
-    """The words for `step_anatomy`'s trials ("the step": Served, "its matrix multiplies": seconds)."""
+    """The words for `step_anatomy`'s trials ("the step": Served, "its matrix multiplies": seconds), quoted
+    from the median round: the round whose matrix-multiply share is the median, so that its two times
+    and the share agree."""
     share = trials.ratio("its matrix multiplies", "the step", _seconds)  # per round: matmuls / step
-    step_s, matmul_s = trials.best("the step", _seconds), trials.best("its matrix multiplies", _seconds)
-    other = 1 - share.value
+    i = median_round(share)
+    step_s, matmul_s = _seconds(trials.results["the step"][i]), _seconds(trials.results["its matrix multiplies"][i])
+    other = 1 - share.per_round[i]
     ops = profile.num_host_ops
     per_op_us = 1e6 * max(step_s - matmul_s, 0.0) / ops
     rounds = _rounds(share, "{:.0%}")
     holds = share.value <= MATMUL_SHARE_AT_MOST and share.agrees
     disturbed = trials.warning() is not None
-    head = (f"A batch-1 decode step took {step_s * 1e3:.2f} ms (the median step of the least disturbed of "
-            f"{trials.rounds} runs), its matrix multiplies alone {matmul_s * 1e3:.2f} ms. ")
+    head = (f"A batch-1 decode step took {step_s * 1e3:.2f} ms (the median step of its run), its matrix multiplies "
+            f"alone {matmul_s * 1e3:.2f} ms, in round {i + 1}, the round whose share of matrix multiplies is the "
+            f"median of the {trials.rounds}. ")
     if holds:
-        text = head + (f"Round by round, run back to back, the matrix multiplies were {rounds} of the step: "
-                       f"{other:.0%} of it is something else, mostly the host walking through the {ops} operators "
-                       f"the step dispatches, one by one (about {per_op_us:.1f} µs each).")
+        text = head + (f"Round by round, run back to back, the matrix multiplies were {rounds} of the step: in "
+                       f"round {i + 1}, {other:.0%} of it is something else, mostly the host walking through the "
+                       f"{ops} operators the step dispatches, one by one (about {per_op_us:.1f} µs each).")
         if disturbed:
             text += (f" On a machine this busy that per-operator figure is inflated, and so is the step: at every "
                      f"operator torch's {trials.cpu.threads} threads wait for one another, and one of them for a "
@@ -340,7 +344,7 @@ def describe_profiles(trials: Trials) -> Finding:
                   else f"{label}'s profile {1 / drawn:.1f}x as long as {base}'s")
         parts.append(f"{label} {p.num_host_ops} ({base_p.num_host_ops / p.num_host_ops:.1f}x fewer{which}), profiled "
                      f"at {p.wall_us / 1e3:.2f} ms ({longer}; round by round, {base} / {label}: "
-                     f"{_rounds(ratio, '{:.1f}x')})")
+                     f"{_rounds(ratio)})")
     text = (f"Operators dispatched in one batch-1 step: {base} {base_p.num_host_ops}, profiled at "
             f"{base_p.wall_us / 1e3:.2f} ms; " + "; ".join(parts) + f". Each profile drawn is the shortest of "
             f"{trials.rounds}.")
@@ -352,6 +356,10 @@ def describe_profiles(trials: Trials) -> Finding:
     elif disturbed:
         text += " The order held, but with the warning above the times are provisional."
     return Finding(text, holds and not disturbed, {"profiles": best, "disturbed": disturbed}, trials)
+
+
+# A profiled step this much shorter than the same step measured has met another moment of the machine.
+SHORTER = 0.97
 
 
 def profiler_stretch(live: dict[str, tuple[float, float]], saved: dict[str, tuple[float, float]]) -> str:
@@ -369,8 +377,8 @@ def profiler_stretch(live: dict[str, tuple[float, float]], saved: dict[str, tupl
     quiet, here = stretch(saved), stretch(live)
     moments = ("the profiled steps and the measured ones ran at different moments of this machine, and on a busy "
                "one those differ by more than the profiler adds")
-    if any(x < 1 for x in here.values()):
-        shorter = " and ".join(label for label, x in here.items() if x < 1)
+    if any(x < SHORTER for x in here.values()):
+        shorter = " and ".join(label for label, x in here.items() if x < SHORTER)
         return text + f": here {shorter} profiled shorter than measured, which only means {moments}."
     if sorted(quiet, key=quiet.get) == sorted(here, key=here.get):
         return text + ": the same order."
@@ -391,16 +399,19 @@ def what_recording_removed(anatomy: Finding, versus: Finding, label: str = "comp
         return (f"At batch 1 {label} saved nothing measurable here ({saving * 1e3:+.2f} ms a step). If a warning "
                 f"came with either measurement, rerun {rerun}.")
     head = f"At batch 1 {label} saved {saving * 1e3:.2f} ms a step"
+    warned = [w for w, f in (("the first measurement", anatomy), ("this one", versus)) if f.warning]
+    if warned:  # the share, and any reason for it, would be read into disturbed numbers
+        relation = "more than" if saving > other else f"{_share(saving / other)} of"
+        return (head + f", {relation} the {other * 1e3:.2f} ms the first measurement found outside the matrix "
+                f"multiplies. Provisional: {' and '.join(warned)} came with a busy-machine warning, and the two ran "
+                f"minutes apart, so the two figures can be off either way; rerun {rerun} when the machine is quiet.")
     if saving > other:
-        text = (head + f", more than the {other * 1e3:.2f} ms the first measurement found outside the matrix "
+        return (head + f", more than the {other * 1e3:.2f} ms the first measurement found outside the matrix "
                 f"multiplies: the recorded step's matrix multiplies ran faster too (pre-packed weights).")
-    else:
-        share = f"{saving / other:.0%}" if saving / other >= 0.005 else "under 1%"
-        text = (head + f", {share} of the {other * 1e3:.2f} ms the first measurement found outside the "
-                f"matrix multiplies. Their {matmul_s * 1e3:.2f} ms stay: no recording shortens the weights' trip "
-                f"from memory, and the scheduling and sampling around the model still run in Python.")
-    if anatomy.warning or versus.warning:
-        which = " and ".join(w for w, f in (("the first measurement", anatomy), ("this one", versus)) if f.warning)
-        text += (f" Provisional: {which} came with a busy-machine warning, and the two ran minutes apart, so the "
-                 f"share can be off either way; rerun {rerun} when the machine is quiet.")
-    return text
+    return (head + f", {_share(saving / other)} of the {other * 1e3:.2f} ms the first measurement found outside the "
+            f"matrix multiplies. Their {matmul_s * 1e3:.2f} ms stay: no recording shortens the weights' trip from "
+            f"memory, and the scheduling and sampling around the model still run in Python.")
+
+
+def _share(x: float) -> str:
+    return f"{x:.0%}" if x >= 0.005 else "under 1%"
