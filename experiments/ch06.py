@@ -281,7 +281,7 @@ def carried_warning(finding: Finding, what: str) -> str | None:
     if not problems:
         return None
     return (f"⚠ {what} come from runs measured while other work was running ({'; '.join(problems)}): their times "
-            f"can be off by a lot. Rerun {finding.trials.rerun} once the machine is quiet.")
+            f"can be off by a lot. Once the machine is quiet, rerun {finding.trials.rerun}.")
 
 
 def stall(work: Workload, rounds: int = 2) -> Finding:
@@ -487,9 +487,9 @@ def chosen_chunk(work: Workload, chunk: int, target_s: float, cost: StepCost, ro
             f"adds the bookkeeping between steps). The long prompt's first token came after {run.ttft * 1e3:.0f} ms "
             f"(the model's sum of its steps: {sum(predicted) * 1e3:.0f} ms). Least disturbed of {rounds} runs.")
     if not holds:
-        text += (" The step ran past the target by more than a tenth: either the machine was busy (see below) or "
-                 "the fitted model underestimates this size — section 1's table shows how far its predictions sit "
-                 "from what was measured.")
+        text += (" The step ran past the target by more than a tenth: either the machine was busy (see the warning "
+                 "above, if one fired) or the fitted model underestimates this size — section 1's table shows how far "
+                 "its predictions sit from what was measured.")
     return Finding(text, holds, {"run": run, "predicted": predicted}, trials)
 
 

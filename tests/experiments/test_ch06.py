@@ -119,7 +119,7 @@ def test_a_replayed_run_carries_the_warning_of_its_rounds():
     busy = Trials({"a": [1.0, 1.0]}, use(1.5), "the sweep's cell")
     note = carried_warning(Finding("", True, {}, busy), "These steps")
     assert note.startswith("⚠ These steps come from runs measured while other work was running")
-    assert "Rerun the sweep's cell" in note
+    assert "Once the machine is quiet, rerun the sweep's cell." in note
 
 
 def test_the_saved_benchmark_is_described_from_its_numbers():
