@@ -1,6 +1,6 @@
 """minillm/attention/causal.py computes what one fully masked attention call computes: a fresh
-prefill, a thin extend and a thick (split) extend, for GQA groups of 1, 2 and 4, in float32 and
-bfloat16 — and the split path really runs where the triangle is a large share of the scores."""
+prefill, a small extend and a large (split) extend, for GQA groups of 1, 2 and 4, in float32 and
+bfloat16 — and the split path really runs where the score matrix is large (causal.SPLIT_FROM)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ def masked_reference(q, keys, values, start, scale):
                                           values.float().repeat_interleave(group, 1), attn_mask=visible, scale=scale)
 
 
-CASES = [(0, 1), (0, 37), (0, 300), (500, 3), (100, 40), (7, 200), (1, 2), (64, 64)]
+# (300, 200) and (1000, 70) are above causal.SPLIT_FROM: the split; the other extends one masked call
+CASES = [(0, 1), (0, 37), (0, 300), (500, 3), (100, 40), (7, 200), (1, 2), (64, 64), (300, 200), (1000, 70)]
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2), (8, 2)])
@@ -44,7 +45,7 @@ def test_bfloat16(start, n):
 
 
 def test_each_shape_takes_the_path_its_docstring_names(monkeypatch):
-    """Fresh prefills take is_causal; thick extends the split; thin extends one masked call."""
+    """Fresh prefills take is_causal; large extends the split; small ones one masked call."""
     taken = []
     split = causal._split_extend
     monkeypatch.setattr(causal, "_split_extend", lambda *a: taken.append("split") or split(*a))
@@ -55,7 +56,7 @@ def test_each_shape_takes_the_path_its_docstring_names(monkeypatch):
         return sdpa(*args, **kwargs)
 
     monkeypatch.setattr(causal.F, "scaled_dot_product_attention", spy)
-    for start, n in [(0, 100), (100, 100), (1000, 5)]:
+    for start, n in [(0, 100), (300, 200), (1000, 5)]:
         causal_attention(torch.randn(1, 4, n, 16), torch.randn(1, 2, start + n, 16), torch.randn(1, 2, start + n, 16),
                          start, 0.25)
     assert taken == ["causal", "split", "masked"]

@@ -13,9 +13,9 @@ A fresh prefill (start = 0) is the triangle alone: one call with `is_causal`, wh
 the masked tiles instead of computing them (half of the scores of a long prompt). An extend (a
 prefill chunk on top of earlier chunks, a prefix-cache hit, speculative guesses) is the rectangle
 plus the triangle: each is attended on its own and the two results are merged with their
-log-sum-exps, the way FlashAttention merges tiles. Where the triangle is a small share of the
-scores (a few guesses on a long context) one masked call is cheaper than two calls and a merge,
-and costs little masked work: `SPLIT_FROM` says where the line is.
+log-sum-exps, the way FlashAttention merges tiles. Where the score matrix is small (a few guesses,
+a short chunk on a short context) the two calls and the merge cost more than the masked corner
+wastes, and one masked call stays: `SPLIT_FROM` says where the line is.
 """
 
 from __future__ import annotations
@@ -24,9 +24,11 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
-# Split an extend when the masked corner is at least this share of its scores: (n - 1) / (2 (start + n)).
-# Below it, the corner costs less than a second attention call and the merge (measured on a 2-core CPU).
-SPLIT_FROM = 0.1
+# Split an extend when its score matrix has at least this many entries per head, n x (start + n).
+# Below it, a second attention call and the merge cost more than the masked work they save, whatever
+# the corner's share: benchmarks/causal_split.py measures both paths (on a 2-core CPU, the split pays
+# from some 30-130 thousand scores; this line loses at most ~15% either side of it).
+SPLIT_FROM = 65536
 
 
 def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
@@ -37,7 +39,7 @@ def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     n, end = q.shape[2], keys.shape[2]
     if start == 0:  # a fresh prefill: the triangle only
         return F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=scale, enable_gqa=True)
-    if (n - 1) < SPLIT_FROM * 2 * end:  # a thin triangle: mask it in one call
+    if n * end < SPLIT_FROM:  # a small extend: mask it in one call
         visible = torch.ones(n, end, dtype=torch.bool, device=q.device).tril(diagonal=start)  # (n, end)
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=scale, enable_gqa=True)
     if q.device.type != "cpu":  # GPU kernels take a causal mask aligned to the last key and skip its corner
