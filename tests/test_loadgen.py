@@ -153,7 +153,10 @@ def test_an_interrupted_sweep_keeps_the_rates_it_finished(fake, tmp_path):
     out = tmp_path / "sweep"
     bench = subprocess.Popen([sys.executable, "-m", "minillm", "bench", "--url", f"{fake}/good/v1", "--num-prompts",
                               "2", "--rate", "inf", "0.01", "--out", str(out)],  # the second rate: 100 s apart
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             # Ctrl-C as a terminal delivers it: a suite started in the background (`make test &`)
+                             # passes SIGINT down ignored, and the bench would sleep through it
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 60
     saved = out.with_suffix(".json")
     while time.time() < deadline and not (saved.exists() and json.loads(saved.read_text() or "[]")):
