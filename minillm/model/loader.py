@@ -6,6 +6,9 @@ HF keeps q/k/v and gate/up as separate matrices; minillm fuses them, so the load
 
     qkv_proj.weight     = cat(q_proj.weight, k_proj.weight, v_proj.weight)   # rows
     gate_up_proj.weight = cat(gate_proj.weight, up_proj.weight)
+
+The model is built on uninitialised memory, so a checkpoint that does not fill every row of it is refused:
+a missing or unexpected tensor, a wrong shape, a dtype that is not floating-point, NaN or inf values.
 """
 
 from __future__ import annotations
@@ -24,6 +27,12 @@ SHIPPED_MODELS = Path(__file__).resolve().parent.parent / "assets"
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
           "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+_SHARDS = {"qkv_proj": 3, "gate_up_proj": 2}  # fused parameter -> how many checkpoint tensors it stacks
+# The one tensor transformers ignores on load for Llama/Qwen2/Qwen3 (modeling_utils.py,
+# `_adjust_missing_and_unexpected_keys`): old Llama checkpoints stored each layer's RoPE inverse frequencies,
+# which are recomputed from the config.
+_IGNORED = re.compile(r"rotary_emb\.inv_freq")
+MAX_LISTED = 8  # tensor names quoted in one error message
 
 
 def resolve_checkpoint(model: str | Path | None) -> Path:
@@ -121,39 +130,131 @@ def default_dtype(config: ModelConfig, device: torch.device) -> torch.dtype:
 
 
 @torch.no_grad()
-def load_weights(model: CausalLM, files: list[Path]) -> None:
-    """Copy every tensor of the checkpoint into the model, fusing q/k/v and gate/up."""
+def load_weights(model: CausalLM, folder: Path, files: list[Path]) -> None:
+    """Copy every tensor of the checkpoint in `folder` (its safetensors `files`) into the model, fusing q/k/v and
+    gate/up. Refuses, naming the tensors: missing ones (every shard of a fused parameter counts), unexpected ones,
+    a name stored twice, a wrong shape, a dtype that is not floating-point, and NaN or inf values."""
+    plan, tied_head = _plan(model, folder, _checkpoint_keys(folder, files))
     params = dict(model.named_parameters())
-    loaded: set[str] = set()
+    for file in files:
+        names = [name for name, (where, _, _) in plan.items() if where == file]
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for name in names:
+                    _, target, shard = plan[name]
+                    param = params[target]
+                    dest = param if shard is None else param[_shard_rows(model.config, target, shard)]
+                    _copy_checked(f.get_tensor(name), dest, name, folder)
+        except (OSError, SafetensorError, RuntimeError) as err:  # unreadable or corrupt file
+            raise ValueError(f"{file} could not be loaded: {type(err).__name__}: {err}") from None
+    if tied_head is not None:
+        _check_tied_head(model, folder, *tied_head)
+
+
+def _checkpoint_keys(folder: Path, files: list[Path]) -> dict[str, Path]:
+    """Every tensor name in the checkpoint -> the file holding it; a name in two files is refused."""
+    where: dict[str, Path] = {}
     for file in files:
         try:
-            _load_file(model, file, params, loaded)
-        except (OSError, SafetensorError, RuntimeError) as err:  # unreadable, corrupt, or shapes that disagree
+            with safe_open(str(file), framework="pt") as f:
+                names = list(f.keys())
+        except (OSError, SafetensorError) as err:
             raise ValueError(f"{file} could not be loaded: {type(err).__name__}: {err}") from None
-    missing = [n for n in params if not any(key.startswith(n + "#") for key in loaded)]
-    if missing:
-        raise ValueError(f"checkpoint is missing weights: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+        for name in names:
+            if name in where:
+                raise ValueError(f"checkpoint {folder}: tensor {name!r} is stored twice "
+                                 f"({where[name].name} and {file.name})")
+            where[name] = file
+    return where
 
 
-def _load_file(model: CausalLM, file: Path, params: dict[str, torch.nn.Parameter], loaded: set[str]) -> None:
-    """Copy one safetensors file's tensors into `params`, noting each in `loaded`."""
-    with safe_open(str(file), framework="pt") as f:
-        for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
-            if "rotary_emb" in name:
+def _plan(model: CausalLM, folder: Path, where: dict[str, Path]
+          ) -> tuple[dict[str, tuple[Path, str, int | None]], tuple[Path, str] | None]:
+    """checkpoint name -> (file, parameter, shard) for every tensor to load, and, for a tied model whose checkpoint
+    also stores lm_head.weight beside the embeddings, that tensor's (file, name) to compare once loaded.
+
+    Mirrors transformers' `from_pretrained` for these families: `rotary_emb.inv_freq` (stored by old Llama
+    checkpoints, recomputed from the config) is ignored; under tie_word_embeddings an lm_head.weight stands in for
+    missing embeddings (HF ties symmetrically) and must otherwise equal them (HF would untie: the config is wrong)."""
+    wanted = {key: _checkpoint_name(*key) for key in _expected_keys(model)}
+    tied = model.lm_head is None
+    has_embed = any(_target_name(n) == ("embed_tokens.weight", None) for n in where)
+    plan: dict[str, tuple[Path, str, int | None]] = {}
+    found: dict[tuple[str, int | None], str] = {}
+    unexpected: list[str] = []
+    tied_head = None
+    for name, file in where.items():
+        if _IGNORED.search(name):
+            continue
+        key = _target_name(name)
+        if tied and key == ("lm_head.weight", None):
+            if has_embed:
+                tied_head = (file, name)
                 continue
-            tensor = f.get_tensor(name)
-            target, shard = _target_name(name)
-            if target == "lm_head.weight" and model.lm_head is None:
-                continue  # tied: the embedding matrix is the LM head
-            if target not in params:
-                raise ValueError(f"checkpoint tensor {name!r} has no place in the model")
-            param = params[target]
-            if shard is None:
-                param.copy_(tensor)
-            else:
-                rows = _shard_rows(model.config, target, shard)
-                param[rows].copy_(tensor)
-            loaded.add(f"{target}#{shard}")
+            key = ("embed_tokens.weight", None)
+        if key not in wanted:
+            unexpected.append(name)
+            continue
+        if key in found:
+            raise ValueError(f"checkpoint {folder}: tensors {found[key]!r} and {name!r} both hold {wanted[key]!r}")
+        found[key] = name
+        plan[name] = (file, *key)
+    missing = [hf_name for key, hf_name in wanted.items() if key not in found]
+    if missing or unexpected:
+        problems = [f"{what} {len(names)} tensor{'s' * (len(names) > 1)}{why}: {_listed(names)}"
+                    for what, why, names in (("it lacks", "", missing),
+                                             ("it has", " the model has no place for", unexpected)) if names]
+        raise ValueError(f"checkpoint {folder} does not fit the model: {'; '.join(problems)}")
+    return plan, tied_head
+
+
+def _expected_keys(model: CausalLM) -> list[tuple[str, int | None]]:
+    """(parameter, shard) for every tensor the checkpoint must provide; shard None for an unfused parameter."""
+    keys: list[tuple[str, int | None]] = []
+    for name, _ in model.named_parameters():
+        shards = _SHARDS.get(name.split(".")[-2], 0)
+        keys += [(name, shard) for shard in range(shards)] if shards else [(name, None)]
+    return keys
+
+
+def _checkpoint_name(target: str, shard: int | None) -> str:
+    """('layers.3.self_attn.qkv_proj.weight', 1) -> 'model.layers.3.self_attn.k_proj.weight'."""
+    if shard is not None:
+        fused = target.split(".")[-2]
+        hf_part = next(hf for hf, (ours, i) in _FUSED.items() if ours == fused and i == shard)
+        target = target.replace(f".{fused}.", f".{hf_part}.")
+    return target if target.startswith("lm_head.") else f"model.{target}"
+
+
+def _listed(names: list[str]) -> str:
+    shown = ", ".join(names[:MAX_LISTED])
+    return shown + (f" ... and {len(names) - MAX_LISTED} more" if len(names) > MAX_LISTED else "")
+
+
+def _copy_checked(tensor: torch.Tensor, dest: torch.Tensor, name: str, folder: Path) -> None:
+    """dest <- tensor (casting between floating dtypes), refusing a wrong shape or dtype and NaN/inf values."""
+    if tensor.shape != dest.shape:  # copy_ would broadcast a (1,) tensor over a whole matrix
+        raise ValueError(f"checkpoint {folder}: tensor {name!r} has shape {tuple(tensor.shape)}, "
+                         f"the model needs {tuple(dest.shape)}")
+    if not tensor.is_floating_point():
+        raise ValueError(f"checkpoint {folder}: tensor {name!r} is {tensor.dtype}, not a floating-point type")
+    dest.copy_(tensor)
+    if not torch.isfinite(dest).all():  # checked on the model's device: fast there
+        if not torch.isfinite(tensor).all():
+            raise ValueError(f"checkpoint {folder}: tensor {name!r} holds NaN or inf values")
+        raise ValueError(f"checkpoint {folder}: tensor {name!r} overflows {dest.dtype} (its values reach "
+                         f"{tensor.abs().max().item():.3g}); load it in a wider dtype")
+
+
+def _check_tied_head(model: CausalLM, folder: Path, file: Path, name: str) -> None:
+    """A tied model may find lm_head.weight beside the embeddings only as an equal copy of them."""
+    with safe_open(str(file), framework="pt") as f:
+        head = f.get_tensor(name)
+    embed = model.embed_tokens.weight
+    if head.shape != embed.shape or not torch.equal(head.to(embed.device, embed.dtype), embed):
+        raise ValueError(f"checkpoint {folder}: config.json ties the LM head to the embeddings (tie_word_embeddings) "
+                         f"but tensor {name!r} differs from model.embed_tokens.weight; transformers would untie them, "
+                         f"so set tie_word_embeddings to false in config.json if the checkpoint is right")
 
 
 def _target_name(hf_name: str) -> tuple[str, int | None]:
@@ -192,7 +293,7 @@ def load_model(model: str | Path | None = None, dtype: torch.dtype | str | None 
         net.rope.compute_tables()  # buffers made on the meta device hold no values yet
     except (RuntimeError, MemoryError) as err:  # e.g. a context too long to hold the RoPE tables
         raise ValueError(f"the model {path / 'config.json'} describes could not be built: {err}") from None
-    load_weights(net, _checkpoint_files(path))
+    load_weights(net, path, _checkpoint_files(path))
     return net.eval()
 
 
