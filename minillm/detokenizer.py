@@ -6,36 +6,53 @@ Two traps make `decode(new_token)` wrong:
   * some tokenizers (SentencePiece) decode a token differently alone than after its neighbours,
     so each delta is `decode(context + new) - decode(context)`, with a few tokens of context.
 
-Stop strings are handled here too: the text is cut before the first stop string, and text that
-could still turn out to be the start of a stop string is held back until it cannot.
+Stop strings are handled here too: the text is cut before the earliest stop string in it (or, with
+`include_stop_str`, after it), and text that could still turn out to be the start of a stop string
+is held back until it cannot. With `min_tokens`, stop strings are looked for only in the text of the
+tokens after the first min_tokens (the same rule as for EOS and stop tokens).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from minillm.sampling import SamplingParams
+
 CONTEXT_TOKENS = 5  # tokens of left context used to decode each delta
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer, prompt_ids: Sequence[int] = (), stop: Sequence[str] = ()):
+    def __init__(self, tokenizer, prompt_ids: Sequence[int] = (), stop: Sequence[str] = (),
+                 include_stop_str: bool = False, skip_special_tokens: bool = True, min_tokens: int = 0):
         self.tokenizer = tokenizer
         self.ids: list[int] = list(prompt_ids[-CONTEXT_TOKENS:])
         self.prefix_offset = 0  # ids[prefix_offset:read_offset] is the context of the next delta
         self.read_offset = len(self.ids)  # ids before this are already in `decoded`
         self.decoded = ""  # all generated text decoded so far (complete characters only)
         self.stop = tuple(stop)
+        self.include_stop_str, self.skip_special_tokens = include_stop_str, skip_special_tokens
         self.hold_back = max((len(s) for s in self.stop), default=1) - 1
         self.emitted = 0  # characters of `decoded` already released to the caller
         self.stopped_by: str | None = None  # the stop string that ended generation
+        self.min_tokens, self.pushed = min_tokens, 0
+        self.search_from = 0  # stop strings count from here on: the text after the first min_tokens tokens
+
+    @classmethod
+    def for_request(cls, tokenizer, prompt_ids: Sequence[int], params: SamplingParams) -> IncrementalDetokenizer:
+        return cls(tokenizer, prompt_ids, params.stop, params.include_stop_str_in_output, params.skip_special_tokens,
+                   params.min_tokens)
 
     def _decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens,
+                                     clean_up_tokenization_spaces=False)
 
     def push(self, token_id: int) -> str:
         """Add one generated token; return the text that became final (possibly "")."""
         if self.stopped_by is not None:
             return ""
+        if self.pushed == self.min_tokens:
+            self.search_from = len(self.decoded)
+        self.pushed += 1
         self.ids.append(token_id)
         before = self._decode(self.ids[self.prefix_offset : self.read_offset])
         after = self._decode(self.ids[self.prefix_offset :])
@@ -45,13 +62,17 @@ class IncrementalDetokenizer:
         return self._release(final=False)
 
     def _release(self, final: bool) -> str:
-        # A stop string can only start in text not yet released (that is what hold_back ensures).
-        for s in self.stop:
-            at = self.decoded.find(s, self.emitted)
-            if at != -1:
-                self.decoded, self.stopped_by = self.decoded[:at], s
+        # A stop string can only start in text not yet released (that is what hold_back ensures), and
+        # before min_tokens tokens were pushed, none is looked for.
+        searching = self.pushed > self.min_tokens
+        found = [(at, i) for i, s in enumerate(self.stop)
+                 if searching and (at := self.decoded.find(s, max(self.emitted, self.search_from))) != -1]
+        if found:  # the earliest in the text; at the same place, the first in the list
+            at, i = min(found)
+            self.stopped_by = self.stop[i]
+            self.decoded = self.decoded[: at + len(self.stopped_by) if self.include_stop_str else at]
         end = len(self.decoded)
-        if not (final or self.stopped_by):
+        if not (final or self.stopped_by) and searching:  # (before that, no stop string can start: release all)
             end = max(self.emitted, end - self.hold_back)
         delta, self.emitted = self.decoded[self.emitted : end], end
         return delta

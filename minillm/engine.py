@@ -41,6 +41,7 @@ from minillm.detokenizer import IncrementalDetokenizer
 from minillm.graphs import batch_size_buckets
 from minillm.graphs.recorded_decode import RecordedDecode
 from minillm.kv.block_pool import BlockPool
+from minillm.logprobs import TokenLogprob
 from minillm.memory import available_bytes, format_bytes
 from minillm.metrics import RequestMetrics
 from minillm.model.decoder import CausalLM
@@ -59,25 +60,56 @@ logger = logging.getLogger("minillm")
 
 
 @dataclass
-class RequestOutput:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
+class CompletionOutput:
+    """One sample of a request (`SamplingParams.n` of them; one by default)."""
+
+    index: int
     text: str
     token_ids: list[int]
     finish_reason: str | None  # "stop" | "length" | "abort" | "error"
+    logprobs: list[TokenLogprob] | None = None  # one per token, when the request asked for them
+
+
+@dataclass
+class RequestOutput:
+    """A request's result: its samples in `outputs`; `text`, `token_ids`, `finish_reason` and
+    `logprobs` are the first sample's (the only one unless n > 1)."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
     metrics: RequestMetrics
     error: str | None = None  # why the request was rejected, when finish_reason == "error"
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache instead of computed
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # per prompt token (the first None), when asked
+
+    @property
+    def text(self) -> str:
+        return self.outputs[0].text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.outputs[0].token_ids
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.outputs[0].finish_reason
+
+    @property
+    def logprobs(self) -> list[TokenLogprob] | None:
+        return self.outputs[0].logprobs
 
 
 @dataclass(frozen=True)
 class StepUpdate:
-    """What one step produced for one request: new text, and whether it is done."""
+    """What one step produced for one sample of a request: new text, and whether it is done."""
 
-    request_id: str
+    request_id: str  # the request's id (for every sample)
     delta: str
-    finished: bool
+    finished: bool  # the whole request is done (every sample): said once, on its last update
+    index: int = 0  # which sample
+    sample_finished: bool = False  # this sample is done
 
 
 class LLMEngine:
@@ -209,20 +241,35 @@ class LLMEngine:
             request_id = self.new_request_id()
         elif not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty str or None, got {request_id!r}")
-        elif request_id in self.requests and not self.requests[request_id].status.is_done:
+        elif request_id in self.requests and (not self.requests[request_id].status.is_done
+                                              or self.requests[request_id].parent is not None):
             raise ValueError(f"request_id {request_id!r} is already in use")
         if arrival_time is not None and (isinstance(arrival_time, bool) or not isinstance(arrival_time, int | float)
                                          or not math.isfinite(arrival_time)):
             raise ValueError(f"arrival_time must be a time.perf_counter() value or None, got {arrival_time!r}")
+        params.check_vocab(self.model.config.vocab_size)
+        if params.n > 1 and self.config.batching == "static":
+            raise ValueError(f"n={params.n} samples need continuous batching: a static batch cannot fork a request")
+        if params.n > self.config.max_num_seqs:
+            raise ValueError(f"n={params.n} samples run at once, one slot each, and max_num_seqs is "
+                             f"{self.config.max_num_seqs}")
+        sample_ids = [f"{request_id}#{i}" for i in range(1, params.n)]
+        if any(i in self.requests for i in sample_ids):
+            raise ValueError(f"request_id {request_id!r}: the ids of its samples ({request_id!r}#i) are in use")
         ids = encode_prompt(self.tokenizer, prompt, self.max_model_len, self.model.config.vocab_size)
         reason = refusal(len(ids), params.max_new_tokens, self.config, self.max_model_len, self.pool)
         if reason is not None:
             raise ValueError(reason)
-        request = Request(request_id, ids, params, arrival_time if arrival_time is not None else time.perf_counter(),
-                          prompt=prompt if isinstance(prompt, str) else None)
-        detokenizer = IncrementalDetokenizer(self.tokenizer, ids, params.stop)
-        self.detokenizers[request_id] = detokenizer
-        self.requests[request_id] = request
+        arrival = arrival_time if arrival_time is not None else time.perf_counter()
+        text = prompt if isinstance(prompt, str) else None
+        request = Request(request_id, ids, params, arrival, prompt=text)
+        request.children = [Request(sample_id, ids, params.for_sample(i), arrival, prompt=text, parent=request,
+                                    sample_index=i) for i, sample_id in enumerate(sample_ids, start=1)]
+        if params.prompt_logprobs is not None:
+            request.prompt_logprobs = [None]  # the first token has no context to be predicted from
+        for sample in request.samples:
+            self.detokenizers[sample.request_id] = IncrementalDetokenizer.for_request(self.tokenizer, ids, params)
+            self.requests[sample.request_id] = sample
         self.scheduler.add(request)
         return request
 
@@ -233,25 +280,34 @@ class LLMEngine:
         return request_id
 
     def abort(self, request_id: str) -> bool:
-        """Stop a request wherever it is, freeing its slot and KV blocks; False if it is unknown or
-        already done."""
-        return self._finish(request_id, "abort")
+        """Stop a request (every sample of it) wherever it is, freeing its slots and KV blocks; False if
+        it is unknown or already done."""
+        request = self.requests.get(request_id) if isinstance(request_id, str) else None
+        return request is not None and request.parent is None and self._finish(request, "abort")
 
     def fail(self, request_id: str, error: BaseException | str) -> bool:
-        """End a request with finish_reason "error" and `error`'s text, freeing what it holds."""
+        """End a request with finish_reason "error" and `error`'s text, freeing what it holds. A sample's
+        failure fails its whole request (every sample)."""
         text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-        return self._finish(request_id, "error", text)
-
-    def _finish(self, request_id: str, reason: str, error: str | None = None) -> bool:
         request = self.requests.get(request_id) if isinstance(request_id, str) else None
-        if request is None or request.status.is_done:
+        return request is not None and self._finish(request.parent or request, "error", text)
+
+    def _finish(self, request: Request, reason: str, error: str | None = None) -> bool:
+        live = [s for s in request.samples if not s.status.is_done]
+        if not live:
             return False
-        self.scheduler.finish(request, reason)
-        request.error = error
-        request.metrics.finish_time = time.perf_counter()
+        now = time.perf_counter()
+        for sample in reversed(live):  # the forked samples first: the parent's blocks are freed last
+            self.scheduler.finish(sample, reason)
+            sample.error = error
+            sample.metrics.finish_time = now
         if not self._in_step:
             self._record_between_steps()
         return True
+
+    def is_done(self, request_id: str) -> bool:
+        """Whether the request (every sample of it) has ended."""
+        return all(s.status.is_done for s in self.requests[request_id].samples)
 
     def _record_between_steps(self) -> None:
         """An abort between two steps changes the block pool too (its blocks are released): fold that
@@ -276,7 +332,8 @@ class LLMEngine:
         return cache.hit_rate if cache is not None else None
 
     def unfinished_ids(self) -> list[str]:
-        return [rid for rid, r in self.requests.items() if not r.status.is_done]
+        """Requests (not their forked samples) with a sample still running or waiting."""
+        return [rid for rid, r in self.requests.items() if r.parent is None and not self.is_done(rid)]
 
     # ------------------------------------------------------------------ the loop
     def step(self) -> list[StepUpdate]:
@@ -299,20 +356,38 @@ class LLMEngine:
         output = self.scheduler.schedule()
         self.num_preemptions += len(output.preempted_ids)
         result = self._execute(output, proposals)
-        updates = [StepUpdate(rid, "", True) for rid, err in result.failed.items() if self.fail(rid, err)]
+        updates = [StepUpdate(self._top(rid).request_id, "", True, sample_finished=True)
+                   for rid, err in result.failed.items() if self.fail(rid, err)]
         advanced = self.scheduler.update(output, result.sampled)
+        for request_id, entries in result.prompt_logprobs.items():
+            self.requests[request_id].prompt_logprobs.extend(entries)
         now = time.perf_counter()
         delivered = {}  # request id -> tokens it really got (a stop inside a run of kept guesses cuts it)
         for request, count in advanced:
             before = request.num_output_tokens - count
-            updates.append(StepUpdate(request.request_id, self._emit(request, now, count), request.status.is_done))
+            request.output_logprobs.extend(result.logprobs.get(request.request_id, ()))
+            delta = self._emit(request, now, count)
+            updates.append(StepUpdate(self._top(request.request_id).request_id, delta, False, request.sample_index,
+                                      request.status.is_done))
             delivered[request.request_id] = request.num_output_tokens - before
+        updates = self._mark_finished(updates)
         speculation = self._count_speculation(output, result, delivered)
         if output.is_empty and self.scheduler.waiting and not self.scheduler.running:
             self._refuse_stuck(self.scheduler.waiting[0])
         self._forget_drafts()
         self._record(output, start, now, speculation, result.bucket)
         return updates
+
+    def _top(self, request_id: str) -> Request:
+        """The request a sample belongs to (itself, unless it was forked)."""
+        request = self.requests[request_id]
+        return request.parent or request
+
+    def _mark_finished(self, updates: list[StepUpdate]) -> list[StepUpdate]:
+        """`finished` on the last update of each request that is now done (every sample), and only there."""
+        last = {u.request_id: i for i, u in enumerate(updates)}
+        return [dataclasses.replace(u, finished=last[u.request_id] == i and self.is_done(u.request_id))
+                for i, u in enumerate(updates)]
 
     def _propose(self) -> dict[str, Proposal]:
         """Speculative decoding: guesses for every decoding request, as many as its limits leave room
@@ -421,6 +496,7 @@ class LLMEngine:
                 text += detok.push(request.output_token_ids[index])
             except Exception as err:  # a tokenizer that cannot decode its token: this request alone fails
                 del request.output_token_ids[index + 1 :]
+                del request.output_logprobs[index + 1 :]
                 self.fail(request.request_id, err)
                 return text
             reason = stop_reason(request.output_token_ids[: index + 1], request.num_prompt_tokens, request.params,
@@ -428,6 +504,7 @@ class LLMEngine:
                                  stop_string_found=detok.stopped_by is not None)
             if reason is not None:  # an error while retiring it is the engine's, not the request's: it propagates
                 del request.output_token_ids[index + 1 :]  # guesses kept past the stop are not the request's
+                del request.output_logprobs[index + 1 :]
                 self.scheduler.finish(request, reason)
                 request.metrics.finish_time = now
                 try:
@@ -465,14 +542,21 @@ class LLMEngine:
 
     def output(self, request_id: str) -> RequestOutput:
         r = self.requests[request_id]
-        return RequestOutput(r.request_id, r.prompt, r.prompt_token_ids, self.detokenizers[request_id].text,
-                             list(r.output_token_ids), r.finish_reason, r.metrics, r.error, r.num_cached_tokens)
+        logprobs = r.params.logprobs is not None
+        outputs = [CompletionOutput(s.sample_index, self.detokenizers[s.request_id].text, list(s.output_token_ids),
+                                    s.finish_reason, list(s.output_logprobs) if logprobs else None)
+                   for s in r.samples]
+        prompt_logprobs = list(r.prompt_logprobs) if r.params.prompt_logprobs is not None else None
+        return RequestOutput(r.request_id, r.prompt, r.prompt_token_ids, outputs, r.metrics, r.error,
+                             r.num_cached_tokens, prompt_logprobs)
 
     def release(self, request_id: str) -> None:
-        """Forget a finished request (its output has been delivered)."""
-        if self.requests[request_id].status.is_done:
-            del self.requests[request_id]
-            self.detokenizers.pop(request_id, None)
+        """Forget a finished request and its samples (its output has been delivered)."""
+        if self.is_done(request_id):
+            for sample in self.requests[request_id].samples:
+                if self.requests.get(sample.request_id) is sample:
+                    del self.requests[sample.request_id]
+                    self.detokenizers.pop(sample.request_id, None)
 
 
 class LLM:
@@ -531,7 +615,8 @@ class LLM:
                     engine.add_request(prompt, p, request_id=request_id, arrival_time=arrival)
                 except Exception as err:  # of any type: it is this request's error, not the call's
                     refused[request_id] = RequestOutput(request_id, prompt if isinstance(prompt, str) else None, [],
-                                                        "", [], "error", RequestMetrics(arrival), error=str(err))
+                                                        [CompletionOutput(0, "", [], "error")], RequestMetrics(arrival),
+                                                        error=str(err))
             with tqdm(total=len(ids) - len(refused), desc="generate", unit="req", disable=not use_tqdm) as bar:
                 while engine.has_unfinished():
                     bar.update(sum(u.finished for u in engine.step()))

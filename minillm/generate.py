@@ -18,10 +18,12 @@ import torch
 
 from minillm.attention import ContiguousKVCache, DenseAttention
 from minillm.detokenizer import IncrementalDetokenizer
+from minillm.logprobs import TokenLogprob, token_logprobs
 from minillm.metrics import RequestMetrics
 from minillm.model.decoder import CausalLM
 from minillm.prompts import encode_prompt
-from minillm.sampling import SamplingParams, sample
+from minillm.sampler import SamplingRow, sample_row
+from minillm.sampling import SamplingParams
 from minillm.stopping import stop_reason
 
 
@@ -32,6 +34,8 @@ class GenerationOutput:
     text: str  # generated text, without special tokens, cut before a stop string
     finish_reason: str  # "stop" (EOS, stop token or stop string) or "length"
     metrics: RequestMetrics
+    logprobs: list[TokenLogprob] | None = None  # per generated token, with params.logprobs
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # per prompt token (the first None), if asked
 
 
 class _Progress:
@@ -44,6 +48,10 @@ class _Progress:
         self.params = params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+        if params.n != 1:
+            raise ValueError(f"n={params.n}: these loops generate one sample; run them once per "
+                             "params.for_sample(i), as the engine's n samples are")
+        params.check_vocab(model.config.vocab_size)
         self.on_text = on_text
         self.prompt_ids = prompt_ids = encode_prompt(tokenizer, prompt, model.config.max_position_embeddings,
                                                      model.config.vocab_size)
@@ -51,9 +59,26 @@ class _Progress:
         self.generator = params.make_generator(model.device)
         self.eos_ids = model.config.eos_token_ids
         self.max_len = model.config.max_position_embeddings
-        self.detok = IncrementalDetokenizer(tokenizer, prompt_ids, params.stop)
+        self.detok = IncrementalDetokenizer.for_request(tokenizer, prompt_ids, params)
         self.metrics = RequestMetrics(arrival_time=arrival)
         self.finish_reason: str | None = None
+        self.logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None
+
+    def record_prompt_logprobs(self, logits: torch.Tensor) -> None:
+        """From the logits of every prompt position but the last (len - 1, vocab): each prompt token's
+        logprob given the tokens before it; the first token has none."""
+        if self.params.prompt_logprobs is not None:
+            tops = [self.params.prompt_logprobs] * (len(self.prompt_ids) - 1)
+            self.prompt_logprobs = [None, *token_logprobs(logits, self.prompt_ids[1:], tops)]
+
+    def next_token(self, logits: torch.Tensor) -> int:
+        """The next token from the last position's raw logits (vocab,): the engine's sampler, one row."""
+        row = SamplingRow(self.params, self.prompt_ids, self.token_ids, self.generator)
+        token = sample_row(logits, row, self.eos_ids)
+        if self.logprobs is not None:
+            self.logprobs += token_logprobs(logits.unsqueeze(0), [token], [self.params.logprobs])
+        return token
 
     def add(self, token: int) -> bool:
         """Record one generated token; True when generation is finished."""
@@ -71,7 +96,8 @@ class _Progress:
     def output(self) -> GenerationOutput:
         self._emit(self.detok.flush())
         self.metrics.finish_time = time.perf_counter()
-        return GenerationOutput(self.prompt_ids, self.token_ids, self.detok.text, self.finish_reason, self.metrics)
+        return GenerationOutput(self.prompt_ids, self.token_ids, self.detok.text, self.finish_reason, self.metrics,
+                                self.logprobs, self.prompt_logprobs)
 
 
 @torch.inference_mode()
@@ -80,13 +106,15 @@ def generate_without_cache(model: CausalLM, tokenizer, prompt: str | Sequence[in
                            on_text: Callable[[str], None] | None = None) -> GenerationOutput:
     """The naive loop: each step recomputes attention over the whole sequence. O(n²) work."""
     progress = _Progress(model, tokenizer, prompt, params, on_text)
-    ids, params, generator = progress.prompt_ids, progress.params, progress.generator
+    ids = progress.prompt_ids
     while True:
         seq = torch.tensor(ids + progress.token_ids, device=model.device)  # (seq_len,)
         positions = torch.arange(len(seq), device=model.device)
         hidden = model(seq, positions, DenseAttention([len(seq)]))  # (seq_len, hidden)
+        if not progress.token_ids:
+            progress.record_prompt_logprobs(model.logits(hidden[: len(ids) - 1]))
         logits = model.logits(hidden[-1:])[0]  # only the last position predicts the next token
-        if progress.add(sample(logits, params, generator)):
+        if progress.add(progress.next_token(logits)):
             return progress.output()
 
 
@@ -96,7 +124,7 @@ def generate_with_cache(model: CausalLM, tokenizer, prompt: str | Sequence[int],
                         on_text: Callable[[str], None] | None = None) -> GenerationOutput:
     """Prefill once, then decode one token per step against the stored K/V. O(n) work per step."""
     progress = _Progress(model, tokenizer, prompt, params, on_text)
-    ids, params, generator = progress.prompt_ids, progress.params, progress.generator
+    ids, params = progress.prompt_ids, progress.params
     max_len = min(len(ids) + params.max_new_tokens, model.config.max_position_embeddings)
     cache = ContiguousKVCache.for_model(model.config, num_slots=1, max_len=max_len,
                                         dtype=model.dtype, device=model.device)
@@ -107,7 +135,9 @@ def generate_with_cache(model: CausalLM, tokenizer, prompt: str | Sequence[int],
         hidden = model(torch.tensor(tokens, device=model.device),
                        torch.arange(start, start + n, device=model.device),
                        cache.batch(slots=[0], starts=[start], query_lens=[n]))
-        token = sample(model.logits(hidden[-1:])[0], params, generator)
+        if start == 0:
+            progress.record_prompt_logprobs(model.logits(hidden[:-1]))
+        token = progress.next_token(model.logits(hidden[-1:])[0])
         if progress.add(token):
             return progress.output()
         # Decode: the next pass feeds only the token just sampled.

@@ -16,6 +16,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from minillm.logprobs import TokenLogprob
 from minillm.metrics import RequestMetrics
 from minillm.sampling import SamplingParams
 
@@ -42,6 +43,9 @@ class Request:
     arrival_time: float
     prompt: str | None = None
     future: Any = None  # an asyncio.Future resolved with the RequestOutput (the async API sets it)
+    parent: Request | None = None  # sample i > 0 of a request with n samples: the request it forks from
+    sample_index: int = 0
+    children: list[Request] = field(default_factory=list)  # samples 1 .. n-1, forked when the prompt is done
 
     # --- state: changed by the scheduler and the engine ------------------------------------------
     status: RequestStatus = RequestStatus.WAITING
@@ -52,10 +56,12 @@ class Request:
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at its first admission (chapter 5)
     draft_token_ids: list[int] = field(default_factory=list)  # this step's guesses, to verify (chapter 7)
+    prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)  # per prompt token, as computed
 
     # --- output: filled as it produces tokens and when it ends -----------------------------------
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     error: str | None = None  # what went wrong, when finish_reason == "error"
+    output_logprobs: list[TokenLogprob] = field(default_factory=list)  # per output token, when asked for
     metrics: RequestMetrics = field(init=False)
 
     def __post_init__(self) -> None:
@@ -78,6 +84,27 @@ class Request:
         """Speculative decoding: how many of `k` guesses this decoding request may verify — never past
         its max_new_tokens or the context (the target's own token comes on top)."""
         return min(k, self.params.max_new_tokens - self.num_output_tokens - 1, max_model_len - self.num_tokens)
+
+    @property
+    def samples(self) -> list[Request]:
+        """All n samples: this request, then the children forked from it."""
+        return [self, *self.children]
+
+    @property
+    def is_fork_pending(self) -> bool:
+        """A child not forked yet: it waits, holding a reserved slot once its parent is admitted,
+        for its parent's prompt to be computed."""
+        return self.parent is not None and self.status is RequestStatus.WAITING
+
+    @property
+    def pending_forks(self) -> list[Request]:
+        return [c for c in self.children if c.is_fork_pending]
+
+    @property
+    def wants_prompt_logits(self) -> bool:
+        """Whether some prompt token still needs its logprob, so no prompt position may be skipped
+        (a prefix-cache hit would skip computing them)."""
+        return self.params.prompt_logprobs is not None and len(self.prompt_logprobs) < self.num_prompt_tokens
 
     @property
     def num_tokens(self) -> int:

@@ -19,10 +19,12 @@ def stop_reason(output_ids: Sequence[int], num_prompt_tokens: int, params: Sampl
     length: `max_new_tokens` reached, or the sequence filled the model's context
 
     When both hold for the same token, "stop" wins: the request ended because it said what it had
-    to say, and would have ended there with any larger limit.
+    to say, and would have ended there with any larger limit. No stop ends it within its first
+    `min_tokens` tokens (the sampler never draws EOS or a stop token there either).
     """
     last = output_ids[-1]
-    if stop_string_found or last in params.stop_token_ids or (not params.ignore_eos and last in eos_token_ids):
+    stop_token = last in params.stop_token_ids or (not params.ignore_eos and last in eos_token_ids)
+    if stop_string_found or (stop_token and len(output_ids) > params.min_tokens):
         return "stop"
     if len(output_ids) >= params.max_new_tokens or num_prompt_tokens + len(output_ids) >= max_model_len:
         return "length"

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import minillm.runner
+import minillm.sampler
 from minillm import LLM, AsyncLLM, EngineConfig, SamplingParams
 from minillm.detokenizer import IncrementalDetokenizer
 from minillm.engine import LLMEngine
@@ -255,14 +255,14 @@ def test_a_sampler_that_raises_for_one_request_leaves_the_others_draws_unchanged
         return {p: engine.output(i) for p, i in ids.items()}
 
     clean = run()
-    sample = minillm.runner.sample
+    draw = minillm.sampler.draw
 
-    def poisoned(row, sp, generator):
-        if sp.seed == 13:
+    def poisoned(probs, generator):  # the batched sampler draws each row with its request's generator
+        if generator.initial_seed() == 13:
             raise RuntimeError("probability tensor contains nan")
-        return sample(row, sp, generator)
+        return draw(probs, generator)
 
-    monkeypatch.setattr(minillm.runner, "sample", poisoned)
+    monkeypatch.setattr(minillm.sampler, "draw", poisoned)
     faulty = run()
     assert faulty[PROMPTS[1]].finish_reason == "error" and "nan" in faulty[PROMPTS[1]].error
     for prompt in (PROMPTS[0], PROMPTS[2]):
@@ -372,7 +372,7 @@ def test_an_interrupt_inside_add_request_stays_an_interrupt(model, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("minillm.engine.IncrementalDetokenizer", interrupted)
+    monkeypatch.setattr("minillm.engine.IncrementalDetokenizer.for_request", interrupted)
     with pytest.raises(KeyboardInterrupt):
         llm.generate([[5, 6, 7], [8, 9]], GREEDY, use_tqdm=False)
     assert not llm.engine.requests and not llm.engine.detokenizers and llm.engine.pool.is_idle

@@ -47,6 +47,14 @@ class ContiguousKVCache:
         return (f"contiguous KV cache: {self.num_slots} slots x {self.max_len} tokens reserved, "
                 f"{format_bytes(per_token)} per token, {format_bytes(self.nbytes)}")
 
+    def copy_slots(self, copies: list[tuple[int, int, int]]) -> None:
+        """For each (source, destination, n): the source slot's first n positions into the destination
+        (a fork: each of n samples needs the prompt's K/V in its own slot — the whole prompt, copied)."""
+        for source, destination, n in copies:
+            for k, v in zip(self.k, self.v):
+                k[destination, :, :n] = k[source, :, :n]
+                v[destination, :, :n] = v[source, :, :n]
+
     def batch(self, slots: list[int], starts: list[int], query_lens: list[int]) -> ContiguousBatch:
         """The backend for one forward pass: sequence i writes query_lens[i] tokens into slot
         slots[i] at positions starts[i]..., attending to everything before them in its slot."""

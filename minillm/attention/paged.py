@@ -72,6 +72,19 @@ class PagedKVCache:
         return (f"paged KV cache: {self.num_blocks} blocks{pad} x {self.block_size} tokens = {self.num_slots} tokens, "
                 f"{format_bytes(self.bytes_per_token)} per token, {format_bytes(self.nbytes)}")
 
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """For each (source, destination): the source block's K/V into the destination block, in every
+        layer (copy-on-write: one block per sample, whatever the prompt's length). One indexed copy
+        per layer for all the pairs."""
+        if not copies:
+            return
+        device = self.k[0].device
+        sources = torch.tensor([s for s, _ in copies], dtype=torch.long, device=device)
+        destinations = torch.tensor([d for _, d in copies], dtype=torch.long, device=device)
+        for k, v in zip(self.k, self.v):
+            k.index_copy_(0, destinations, k.index_select(0, sources))
+            v.index_copy_(0, destinations, v.index_select(0, sources))
+
     def batch(self, block_tables: Sequence[Sequence[int]], starts: list[int], query_lens: list[int]) -> PagedBatch:
         """The backend for one forward pass: sequence i writes query_lens[i] tokens at positions
         starts[i]... through its block table, attending to everything before them."""

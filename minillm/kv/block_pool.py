@@ -97,7 +97,7 @@ class BlockPool:
         ("alloc", block) taken, ("hit", block) shared from the cache, ("cache", block, parent block
         or -1, token ids) became cached, ("release", block) cached and evictable now (most recently
         used end), ("evict", block) evicted for reuse, ("forget", block) uncached with an evicted
-        ancestor."""
+        ancestor, ("fork", block) one more holder by a fork, ("copy", block, copy) copied on write."""
         events, self.events = self.events, []
         return events
 
@@ -150,6 +150,57 @@ class BlockPool:
     def can_hold(self, request_id: str, num_tokens: int) -> bool:
         return self.num_missing_blocks(request_id, num_tokens) <= self.num_free_blocks
 
+    def _shared_blocks(self, request_id: str, start: int, end: int) -> list[int]:
+        """Indices in the request's table of the blocks that positions [start, end) touch and that
+        another sequence holds too."""
+        table = self.tables.get(request_id, [])
+        last = min(self.blocks_for(end), len(table))
+        return [i for i in range(start // self.block_size, last) if self.ref_counts[table[i]] > 1]
+
+    def can_write(self, request_id: str, start: int, end: int) -> bool:
+        """Whether `prepare_write` can succeed: blocks to hold `end` tokens, and a copy of each shared
+        block that positions [start, end) touch."""
+        needed = self.num_missing_blocks(request_id, end) + len(self._shared_blocks(request_id, start, end))
+        return needed <= self.num_free_blocks
+
+    def prepare_write(self, request_id: str, start: int, end: int) -> list[tuple[int, int]]:
+        """Make positions [start, end) of a request writable: grow its table to hold `end` tokens, and
+        replace every block they touch that another sequence also holds by a fresh copy of it
+        (copy-on-write). Returns the (source block, copy) pairs whose K/V the cache must copy before
+        the step writes; the other holders keep the source, untouched.
+
+            samples A and B share [7, 2] after a fork; A writes token 9 (block index 1):
+            A [7, 2] ──► A [7, 5], copy 2 ─► 5          B keeps [7, 2]; block 2 now has one holder
+        """
+        if not self.can_write(request_id, start, end):
+            raise OutOfBlocks(f"writing positions [{start}, {end}) of request {request_id!r} needs more blocks "
+                              f"than the {self.num_free_blocks} free")
+        self.append(request_id, end)
+        table, copies = self.tables[request_id], []
+        for i in self._shared_blocks(request_id, start, end):
+            (copy,) = self.take(1)
+            self._log("copy", table[i], copy)
+            self.decref([table[i]])
+            copies.append((table[i], copy))
+            table[i] = copy
+        return copies
+
+    def fork(self, parent_id: str, child_id: str) -> list[int]:
+        """A new sequence that shares every block of `parent_id` (each gets one more holder): the
+        samples of one prompt (`SamplingParams.n`), forked once the prompt is computed. The first
+        write into a shared block copies it (`prepare_write`). Returns the child's table."""
+        if child_id in self.tables:
+            raise ValueError(f"request {child_id!r} already has a block table")
+        table = self._table(parent_id)
+        self.incref(table)
+        for block in table:
+            self._log("fork", block)
+        self.tables[child_id] = list(table)
+        if self.cache is not None:  # the child's leading full blocks are the parent's, already cached
+            chain = self.chains.get(parent_id)
+            self.chains[child_id] = None if chain is None else list(chain)
+        return list(table)
+
     def find_cached(self, token_ids: Sequence[int]) -> list[CachedBlock]:
         """The cached leading full blocks of `token_ids` a new request may reuse. At least its last
         token is always left to compute — its logits give the next token — so a fully cached run of
@@ -165,9 +216,11 @@ class BlockPool:
         reviving = sum(1 for e in cached if self.ref_counts[e.block_id] == 0)
         return self.blocks_for(num_tokens) - len(cached) <= self.num_free_blocks - reviving
 
-    def allocate(self, request_id: str, num_tokens: int, cached: Sequence[CachedBlock] = ()) -> list[int]:
+    def allocate(self, request_id: str, num_tokens: int, cached: Sequence[CachedBlock] = (),
+                 readmitted: bool = False) -> list[int]:
         """A new block table for a request's first `num_tokens` tokens: the `cached` blocks (from
-        `find_cached`, shared), then fresh ones."""
+        `find_cached`, shared), then fresh ones. `readmitted`: a preempted request coming back, which
+        finds its own blocks again — counted apart, since no two prompts shared anything."""
         if request_id in self.tables:
             raise ValueError(f"request {request_id!r} already has a block table")
         if not self.can_allocate(num_tokens, cached):
@@ -178,8 +231,7 @@ class BlockPool:
         self.tables[request_id] = shared + self.take(self.blocks_for(num_tokens) - len(shared))
         if self.cache is not None:
             self.chains[request_id] = list(cached)
-            self.cache.queried_tokens += num_tokens
-            self.cache.hit_tokens += len(shared) * self.block_size
+            self.cache.count_lookup(num_tokens, len(shared) * self.block_size, readmitted)
         return list(self.tables[request_id])
 
     def cache_full_blocks(self, request_id: str, token_ids: Sequence[int], num_computed: int) -> None:

@@ -63,6 +63,8 @@ class PrefixCache:
         self.by_block: dict[int, CachedBlock] = {}
         self.queried_tokens = 0  # tokens looked up at admissions
         self.hit_tokens = 0  # of those, tokens found cached
+        self.readmitted_queried_tokens = 0  # the same for preempted requests coming back (counted apart, as
+        self.readmitted_hit_tokens = 0  #     vLLM does: a request finding its own blocks again is no sharing)
 
     def __len__(self) -> int:
         return len(self.by_block)
@@ -126,7 +128,16 @@ class PrefixCache:
             node.children = []
         return forgotten
 
+    def count_lookup(self, queried: int, hit: int, readmitted: bool = False) -> None:
+        """Count one admission's lookup: `queried` tokens, `hit` of them found cached."""
+        if readmitted:
+            self.readmitted_queried_tokens += queried
+            self.readmitted_hit_tokens += hit
+        else:
+            self.queried_tokens += queried
+            self.hit_tokens += hit
+
     @property
     def hit_rate(self) -> float:
-        """Share of looked-up prompt tokens that were served from the cache."""
+        """Share of looked-up prompt tokens that were served from the cache (first admissions only)."""
         return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0

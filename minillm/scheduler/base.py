@@ -29,6 +29,8 @@ class Scheduler:
         self.running: list[Request] = []
         self.free_slots: list[int] = list(range(max_num_seqs))
         self._finished_ids: list[str] = []  # reported to the runner in the next output
+        self._block_copies: list[tuple[int, int]] = []  # copy-on-write, done by the runner before the next pass
+        self._slot_copies: list[tuple[int, int, int]] = []  # forks on a contiguous cache, likewise
 
     # ------------------------------------------------------------------ queue
     def add(self, request: Request) -> None:
@@ -46,8 +48,15 @@ class Scheduler:
         raise NotImplementedError
 
     # ------------------------------------------------------------------ helpers for schedule()
+    def slots_needed(self, request: Request) -> int:
+        """Slots `request` takes when admitted: its own, and one reserved for each sample still to fork
+        from it (so that a fork never waits for a slot)."""
+        return 1 + len(request.pending_forks)
+
     def _admit(self, request: Request) -> None:
         request.slot = self.free_slots.pop(0)
+        for child in request.pending_forks:
+            child.slot = self.free_slots.pop(0)
         request.status = RequestStatus.RUNNING
         self.running.append(request)
 
@@ -59,12 +68,16 @@ class Scheduler:
         # else computes tokens the request already had: its prompt, or after a preemption its output too
         decode = num_tokens == 1 and start == request.num_tokens - 1 and start >= request.num_prompt_tokens
         tokens = tuple(request.token_slice(start, end)) + tuple(drafts)
-        return ScheduledChunk(request.request_id, request.slot, start, tokens, samples=end == request.num_tokens,
-                              is_prefill=not decode, block_table=blocks, num_drafts=len(drafts))
+        samples = end == request.num_tokens
+        forks = tuple(c.request_id for c in request.pending_forks) if samples else ()
+        return ScheduledChunk(request.request_id, request.slot, start, tokens, samples=samples,
+                              is_prefill=not decode, block_table=blocks, num_drafts=len(drafts), forks=forks)
 
     def _output(self, chunks: list[ScheduledChunk], new: list[Request], preempted: list[str] = ()) -> SchedulerOutput:
         finished, self._finished_ids = tuple(self._finished_ids), []
-        return SchedulerOutput(tuple(chunks), tuple(new), finished, tuple(preempted))
+        block_copies, self._block_copies = tuple(self._block_copies), []
+        slot_copies, self._slot_copies = tuple(self._slot_copies), []
+        return SchedulerOutput(tuple(chunks), tuple(new), finished, tuple(preempted), block_copies, slot_copies)
 
     # ------------------------------------------------------------------ results
     def update(self, output: SchedulerOutput, sampled: Mapping[str, list[int]]) -> list[tuple[Request, int]]:
@@ -94,7 +107,24 @@ class Scheduler:
                     self.pool.truncate(request.request_id, request.num_tokens)
             if new:
                 advanced.append((request, len(new)))
+            for child_id in chunk.forks if new else ():
+                child = next((c for c in request.children if c.request_id == child_id), None)
+                if child is not None and child.is_fork_pending and child_id in sampled:
+                    self._fork(request, child, sampled[child_id])
+                    advanced.append((child, 1))
         return advanced
+
+    def _fork(self, parent: Request, child: Request, first_tokens: list[int]) -> None:
+        """Sample `child` starts where its parent's prompt ends: it shares the parent's K/V (its blocks,
+        or on a contiguous cache a copy into its reserved slot) and has its own first token."""
+        child.num_computed_tokens = parent.num_prompt_tokens
+        child.output_token_ids.extend(first_tokens)
+        child.status = RequestStatus.RUNNING
+        if self.pool is not None:
+            self.pool.fork(parent.request_id, child.request_id)
+        else:
+            self._slot_copies.append((parent.slot, child.slot, parent.num_prompt_tokens))
+        self.running.append(child)
 
     def finish(self, request: Request, reason: str) -> None:
         """End a running or waiting request (`reason`: stop / length / abort / error) and give back
@@ -103,6 +133,7 @@ class Scheduler:
             return
         if self.pool is not None and request.request_id in self.pool.tables:
             self.pool.free(request.request_id)  # first: a request is never done while it still holds blocks
+        reserved = request.is_fork_pending and request.slot is not None  # a sample that never forked
         request.finish_reason = reason
         request.status = FINAL_STATUS.get(reason, RequestStatus.FINISHED)
         if request in self.waiting:
@@ -110,6 +141,9 @@ class Scheduler:
         if request in self.running:
             self.running.remove(request)
             self._release_slot(request)
+        elif reserved:  # its reserved slot comes back
+            self._release_slot(request)
+            request.slot = None
         self._finished_ids.append(request.request_id)
 
     def _release_slot(self, request: Request) -> None:

@@ -53,9 +53,11 @@ class ContinuousScheduler(Scheduler):
             chunks.append(self._chunk(request, grant))
             budget -= grant
         # admit while slots, budget and blocks allow (not in a step that had to preempt: no thrashing)
-        while self.waiting and self.free_slots and not preempted:
+        while self.waiting and len(self.free_slots) >= self.slots_needed(self.waiting[0]) and not preempted:
             request = self.waiting[0]
-            cached = self.pool.find_cached(request.all_token_ids) if self.pool is not None else []
+            # a request that wants every prompt token's logprob computes every one of them: no hit
+            lookup = self.pool is not None and not request.wants_prompt_logits
+            cached = self.pool.find_cached(request.all_token_ids) if lookup else []
             hit = len(cached) * self.pool.block_size if self.pool is not None else 0
             grant = self._grant(request.num_tokens - hit, budget)
             if grant == 0 or (self.pool is not None and not self.pool.can_allocate(request.num_tokens, cached)):
@@ -63,7 +65,8 @@ class ContinuousScheduler(Scheduler):
             self.waiting.popleft()
             self._admit(request)
             if self.pool is not None:  # blocks for every token now: a prefill in progress never waits for memory
-                self.pool.allocate(request.request_id, request.num_tokens, cached)
+                self.pool.allocate(request.request_id, request.num_tokens, cached,
+                                   readmitted=request.num_preemptions > 0)
                 request.num_computed_tokens = hit
                 if request.num_preemptions == 0:
                     request.num_cached_tokens = hit
@@ -100,24 +103,28 @@ class ContinuousScheduler(Scheduler):
         return min(need, self.max_prefill_chunk, budget)
 
     def _make_room(self, request: Request) -> list[str]:
-        """Give a running request the blocks for all its tokens, preempting the newest running
-        requests while the pool is short (`request` itself, if it is the newest). Returns the ids
-        of the preempted."""
+        """Give a running request the blocks for all its tokens — and a copy of any block it shares
+        that this step writes into (copy-on-write) — preempting the newest running requests while
+        the pool is short (`request` itself, if it is the newest). Returns the ids of the preempted."""
         if self.pool is None:
             return []
         preempted = []
-        while not self.pool.can_hold(request.request_id, request.num_tokens):
+        start, end = request.num_computed_tokens, request.num_tokens
+        while not self.pool.can_write(request.request_id, start, end):
             victim = self.running[-1]
             self._preempt(victim)
             preempted.append(victim.request_id)
             if victim is request:
                 return preempted
-        self.pool.append(request.request_id, request.num_tokens)
+        self._block_copies += self.pool.prepare_write(request.request_id, start, end)
         return preempted
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
         self._release_slot(request)
+        for child in request.pending_forks:  # not forked yet: their reserved slots come back too
+            self._release_slot(child)
+            child.slot = None
         self.pool.free(request.request_id)
         request.slot = None
         request.num_computed_tokens = 0  # everything is recomputed when it comes back

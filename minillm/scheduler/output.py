@@ -31,6 +31,7 @@ class ScheduledChunk:
     is_padding: bool = False
     block_table: tuple[int, ...] = ()  # with a paged cache: the request's blocks, enough for start + len
     num_drafts: int = 0  # speculative decoding: the last num_drafts of token_ids are guesses to verify
+    forks: tuple[str, ...] = ()  # n samples: the other samples whose first token these last logits also give
 
     @property
     def draft_token_ids(self) -> tuple[int, ...]:
@@ -47,6 +48,10 @@ class SchedulerOutput:
     new_requests: tuple[Request, ...]  # admitted this step: the runner sets up their sampling state
     finished_ids: tuple[str, ...]  # ended since the last step: the runner forgets them
     preempted_ids: tuple[str, ...] = ()  # lost their KV blocks this step; they wait to recompute
+    block_copies: tuple[tuple[int, int], ...] = ()  # paged: (source, copy) blocks to copy before the pass
+    #                                                 (copy-on-write of a block shared by n samples)
+    slot_copies: tuple[tuple[int, int, int], ...] = ()  # contiguous: (source slot, slot, tokens) to copy first
+    #                                                     (a fork: the prompt's K/V into each sample's slot)
 
     @property
     def num_tokens(self) -> int:
@@ -56,3 +61,7 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.chunks
+
+    @property
+    def has_copies(self) -> bool:
+        return bool(self.block_copies or self.slot_copies)
