@@ -55,6 +55,9 @@ def _add_bench(commands) -> None:
                        help="goodput: TPOT limit in seconds")
     bench.add_argument("--request-timeout", type=_ranged(float, 0, inclusive=False), default=600.0,
                        help="a request not finished this many seconds after it was sent fails (default 600)")
+    bench.add_argument("--duration", type=_ranged(float, 0, inclusive=False), default=None,
+                       help="send no request whose arrival is later than this many seconds after a rate's start "
+                            "(default: --request-timeout); a rate then ends within duration + request timeout")
     bench.add_argument("--api-key", default=None)
     bench.add_argument("--out", default=None, help="write OUT.json (after each rate) and OUT.png")
 
@@ -64,11 +67,11 @@ def bench(args) -> int:
     from pathlib import Path
 
     from minillm import ASSETS_DIR
-    from minillm.loadgen import Slo, plot, prompts_from_text, sweep
+    from minillm.loadgen import Slo, plot, prompts_from_text, read_prompts_file, sweep
 
     text_file = Path(args.prompts_file) if args.prompts_file else ASSETS_DIR / "heldout_sample.txt"
     try:
-        text = text_file.read_text(encoding="utf-8")
+        text = read_prompts_file(text_file)  # a FIFO or a device is refused, not read forever
         prompts_from_text(text, 1, args.seed)  # enough text to cut prompts from?
     except (OSError, UnicodeDecodeError, ValueError) as err:
         print(f"minillm: error: --prompts-file {text_file}: {err}", file=sys.stderr)
@@ -92,7 +95,7 @@ def bench(args) -> int:
         results = sweep(args.url, args.model, args.rate, args.num_prompts, args.max_tokens, args.seed,
                         Slo(args.slo_ttft, args.slo_tpot), text, args.api_key,
                         {"ignore_eos": True} if args.ignore_eos else None, request_timeout=args.request_timeout,
-                        on_rate=save)
+                        on_rate=save, duration=args.duration)
     except KeyboardInterrupt:
         saved = json.loads(Path(f"{out}.json").read_text()) if out is not None else []
         where = f" (saved in {out}.json)" if saved else ""
@@ -105,6 +108,10 @@ def bench(args) -> int:
               f"{ms(r['ttft_s'])} ms, TPOT {ms(r['tpot_s'])} ms, ITL {ms(r['itl_s'])} ms")
         for error in r["errors"]:
             print(f"  error: {error}")
+        if r["not_sent"]:
+            duration = args.request_timeout if args.duration is None else args.duration
+            print(f"  not sent: {r['not_sent']} of {r['not_sent'] + r['requests']} requests, whose arrivals fell "
+                  f"after the run's {duration:g} s (--duration)")
     if out is not None:
         plot(results, Path(f"{out}.png"))
         print(f"wrote {out}.json and {out}.png")
@@ -159,23 +166,60 @@ def engine_config(args):
 
 def serve(args) -> int:
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401
 
         from minillm.async_engine import AsyncLLM
         from minillm.server import build_app
     except ImportError as err:
         print(f"minillm: error: serving needs the 'serve' extra (pip install -e '.[serve]'): {err}", file=sys.stderr)
         return USAGE_ERROR
-    try:
-        llm = AsyncLLM(args.model, engine_config(args))
-    except (ValueError, FileNotFoundError, OSError) as err:
-        print(f"minillm: error: {err}", file=sys.stderr)
+    try:  # bound before the model loads: a port in use is said at once, and --port 0 learns its port
+        sock = _bind(args.host, args.port)
+    except OSError as err:
+        print(f"minillm: error: cannot listen on {args.host}:{args.port}: {err.strerror or err}", file=sys.stderr)
         return USAGE_ERROR
-    name = args.served_model_name or args.model or "minillm-target"
-    app = build_app(llm, name, api_key=args.api_key, default_max_tokens=args.default_max_tokens)
-    print(f"serving {name!r} on http://{args.host}:{args.port}/v1 (OpenAI-compatible; Ctrl-C stops)", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    with sock:
+        try:
+            llm = AsyncLLM(args.model, engine_config(args))
+        except (ValueError, FileNotFoundError, OSError) as err:
+            print(f"minillm: error: {err}", file=sys.stderr)
+            return USAGE_ERROR
+        name = args.served_model_name or args.model or "minillm-target"
+        app = build_app(llm, name, api_key=args.api_key, default_max_tokens=args.default_max_tokens)
+        host, port = sock.getsockname()[:2]
+        url = f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
+        _run_server(app, sock, f"serving {name!r} on {url} (OpenAI-compatible; Ctrl-C stops)")
     return 0
+
+
+def _bind(host: str, port: int):
+    """A TCP socket bound to (host, port) — port 0: one the system picks — not yet listening."""
+    import socket
+
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                         flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        if sys.platform != "win32":  # as uvicorn does: a restart need not wait for TIME_WAIT
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _run_server(app, sock, announce: str) -> None:
+    """uvicorn on `sock`; `announce` is printed once it listens (not before: a client may connect then)."""
+    import uvicorn
+
+    class AnnouncingServer(uvicorn.Server):
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:
+                print(announce, flush=True)
+
+    AnnouncingServer(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
 
 
 def _ranged(kind, low, high=None, inclusive: bool = True):

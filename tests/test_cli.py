@@ -126,39 +126,56 @@ def test_help_lists_the_options(capsys):
 
 
 def test_serve_answers_openai_requests_on_loopback(tmp_path):
-    """`python -m minillm serve` on a free port: health, a greedy completion equal to `generate`'s text,
+    """`python -m minillm serve --port 0` announces the port the system gave it, once it listens (a
+    request right after the line is answered): health, a greedy completion equal to `generate`'s text,
     and the engine flags reaching the engine (a bad combination is one line, exit status 2)."""
-    import socket
-    import time
+    import re
+    import threading
 
     import httpx
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "minillm", "serve", "--port", str(port), "--prefix-cache",
+    server = subprocess.Popen([sys.executable, "-m", "minillm", "serve", "--port", "0", "--prefix-cache",
                                "--max-num-seqs", "4", "--max-model-len", "256"], stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
+    watchdog = threading.Timer(120, server.kill)  # a server that never announces must not hang the suite
+    watchdog.start()
+    lines = []
     try:
+        while not (lines and lines[-1].startswith("serving")) and (line := server.stdout.readline()):
+            lines.append(line)
+        found = re.match(r"serving 'minillm-target' on http://127\.0\.0\.1:(\d+)/v1 ", lines[-1] if lines else "")
+        assert found, "".join(lines)
+        port = int(found.group(1))
+        assert port != 0
         url = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
+        assert httpx.get(url + "/health", timeout=5).status_code == 200  # no retry: it listens once announced
         answer = httpx.post(url + "/v1/completions", json={"model": "minillm-target", "prompt": "What is 1+1? Answer:",
                                                           "max_tokens": 4, "temperature": 0}, timeout=30).json()
         assert answer["choices"][0]["text"].strip().startswith("2"), answer
         assert answer["usage"]["completion_tokens"] == 4 or answer["choices"][0]["finish_reason"] == "stop"
     finally:
+        watchdog.cancel()
         server.terminate()
-        out, _ = server.communicate(timeout=30)
-    assert f"serving 'minillm-target' on http://127.0.0.1:{port}/v1" in out
+        server.communicate(timeout=30)
     bad = subprocess.run([sys.executable, "-m", "minillm", "serve", "--kv", "contiguous", "--prefix-cache"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "prefix_cache=True needs kv='paged'" in bad.stderr
+
+
+def test_serve_on_a_port_in_use_is_one_line_and_announces_nothing(capsys):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = run_here(capsys, "serve", "--port", str(port))
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    lines = proc.stderr.strip().splitlines()
+    assert lines == [f"minillm: error: cannot listen on 127.0.0.1:{port}: Address already in use"], proc.stderr
+    proc = run_here(capsys, "serve", "--host", "192.0.2.1", "--port", "0")  # an address of no machine (TEST-NET-1)
+    assert proc.returncode == 2 and proc.stderr.startswith("minillm: error: cannot listen on 192.0.2.1:0: ")
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -170,6 +187,7 @@ def test_serve_answers_openai_requests_on_loopback(tmp_path):
     (["bench", "--slo-ttft", "nan"], "must be > 0"),
     (["bench", "--slo-tpot", "-1"], "must be > 0"),
     (["bench", "--request-timeout", "0"], "must be > 0"),
+    (["bench", "--duration", "-1"], "must be > 0"),
 ])
 def test_bad_serve_and_bench_flags_are_one_line(capsys, args, message):
     with pytest.raises(SystemExit) as exit_info:
