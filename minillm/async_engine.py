@@ -11,6 +11,11 @@ One background task runs the engine loop while there is work. Each step runs in 
 so the event loop (Jupyter's included) stays responsive; submissions and aborts are queued and
 applied between steps, so the engine itself is only ever touched by one step at a time.
 
+A text prompt is tokenized in a worker thread before it is queued (`encode`), never on the event
+loop nor under the engine's lock: one long prompt holds up no other stream. A text too long for the
+context whatever its tokens is refused before it is tokenized at all. (So a text prompt joins the
+queue after the ids submitted while it was being tokenized.)
+
 Cancellation is abort: cancelling a future (or a timeout around it, `asyncio.wait_for`), or leaving
 a stream early, aborts the request, and its KV is free before the next step. The loop never dies
 of one request: a refused request's future raises its ValueError, a failed one resolves with
@@ -28,6 +33,7 @@ from dataclasses import dataclass
 from minillm.config import EngineConfig
 from minillm.engine import LLMEngine, RequestOutput
 from minillm.model.loader import load
+from minillm.prompts import check_text_length, encode_prompt, longest_token_chars
 from minillm.sampling import SamplingParams
 
 logger = logging.getLogger("minillm")
@@ -39,7 +45,10 @@ class _Submission:
     prompt: str | Sequence[int]
     params: SamplingParams | None
     future: asyncio.Future
-    stream: asyncio.Queue | None  # text deltas, then None at the end
+    stream: asyncio.Queue | None  # (text delta, tokens generated so far) items, then None at the end
+    text: str | None = None  # a text prompt, kept for the output once `prompt` holds its token ids
+    aborted: bool = False  # aborted while its text was being tokenized
+    resolver: asyncio.Task | None = None  # the task tokenizing its text
 
 
 class AsyncLLM:
@@ -55,9 +64,25 @@ class AsyncLLM:
         self._pending: list[_Submission] = []
         self._aborts: list[str] = []
         self._streams: dict[str, asyncio.Queue] = {}
+        self._resolving: list[_Submission] = []  # text prompts being tokenized, not yet queued
         self._ids = itertools.count()
         self._loop_task: asyncio.Task | None = None
         self._epoch = 0  # bumped when the work of an abandoned event loop is reclaimed
+        self._chars_per_token: int | None = None  # the most characters one token decodes to (found once)
+
+    async def encode(self, prompt: str | Sequence[int], add_special_tokens: bool = True) -> list[int]:
+        """The prompt's checked token ids, worked out in a worker thread (the event loop keeps serving).
+        A text too long to fit the context whatever its tokens is refused before it is tokenized; a
+        list of ids longer than the context before its ids are looked at. Raises ValueError (prompts.py)."""
+        loop, engine = asyncio.get_running_loop(), self.engine
+        vocab_size = engine.model.config.vocab_size
+        if isinstance(prompt, str):
+            if self._chars_per_token is None:
+                self._chars_per_token = await loop.run_in_executor(None, longest_token_chars, engine.tokenizer,
+                                                                   vocab_size)
+            check_text_length(prompt, engine.max_model_len, self._chars_per_token)
+        return await loop.run_in_executor(None, encode_prompt, engine.tokenizer, prompt, engine.max_model_len,
+                                          vocab_size, add_special_tokens)
 
     def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
                request_id: str | None = None) -> asyncio.Future:
@@ -74,8 +99,8 @@ class AsyncLLM:
         queue: asyncio.Queue = asyncio.Queue()
         future = self._enqueue(prompt, params, request_id, stream=queue)
         try:
-            while (delta := await queue.get()) is not None:
-                yield delta
+            while (item := await queue.get()) is not None:
+                yield item[0]
         finally:
             if not future.done():  # the consumer left before the end
                 future.cancel()
@@ -84,19 +109,21 @@ class AsyncLLM:
             raise RuntimeError(f"request {output.request_id!r} failed: {output.error}")
 
     async def stream_events(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
-                            request_id: str | None = None) -> AsyncIterator[tuple[str, RequestOutput | None]]:
-        """Like `stream`, for a server: (text delta, None) as the engine produces text, then one last
-        ("", the RequestOutput) whatever the ending (stop, length, abort, error). Leaving early aborts
-        the request; a refused request raises its ValueError."""
+                            request_id: str | None = None
+                            ) -> AsyncIterator[tuple[str, int, RequestOutput | None]]:
+        """Like `stream`, for a server: (text delta, tokens generated so far, None) as the engine
+        produces text, then one last ("", tokens, the RequestOutput) whatever the ending (stop, length,
+        abort, error). Leaving early aborts the request; a refused request raises its ValueError."""
         queue: asyncio.Queue = asyncio.Queue()
         future = self._enqueue(prompt, params, request_id, stream=queue)
         try:
-            while (delta := await queue.get()) is not None:
-                yield delta, None
+            while (item := await queue.get()) is not None:
+                yield item[0], item[1], None
         finally:
             if not future.done():  # the consumer left before the end
                 future.cancel()
-        yield "", future.result()
+        output: RequestOutput = future.result()
+        yield "", len(output.token_ids), output
 
     def abort(self, request_id: str) -> None:
         """Abort a submitted request; its future resolves with finish_reason "abort". Unknown or
@@ -104,6 +131,8 @@ class AsyncLLM:
         if not isinstance(request_id, str):
             raise ValueError(f"request_id must be a str, got {type(request_id).__name__}")
         self._bind_loop()
+        for sub in self._resolving:  # still being tokenized: aborted as soon as it is queued
+            sub.aborted = sub.aborted or sub.request_id == request_id
         self._aborts.append(request_id)
         self._ensure_running()
 
@@ -116,13 +145,42 @@ class AsyncLLM:
             self._end_stream(stream)
             return future
         request_id = request_id if request_id is not None else self._new_request_id()
-        self._pending.append(_Submission(request_id, prompt, params, future, stream))
+        sub = _Submission(request_id, prompt, params, future, stream)
         future.add_done_callback(lambda f: self._on_done(request_id, f))
+        if isinstance(prompt, str):  # tokenized in a worker thread first, then queued
+            sub.text = prompt
+            self._resolving.append(sub)
+            sub.resolver = loop.create_task(self._resolve(sub, self._epoch))
+            return future
+        self._pending.append(sub)
         self._ensure_running()
         return future
 
+    async def _resolve(self, sub: _Submission, epoch: int) -> None:
+        """Tokenize a submission's text off the event loop, then queue it (or refuse it)."""
+        error: BaseException | None = None
+        try:
+            ids = await self.encode(sub.prompt)
+        except Exception as err:  # refused (ValueError), or the executor is gone: this request's error alone
+            error = err
+        if epoch != self._epoch:  # its event loop was abandoned and its work reclaimed meanwhile
+            return
+        self._resolving.remove(sub)
+        if sub.future.done():  # cancelled while it was being tokenized
+            self._end_stream(sub.stream)
+            return
+        if error is not None:
+            sub.future.set_exception(error)
+            self._end_stream(sub.stream)
+            return
+        sub.prompt = ids
+        self._pending.append(sub)
+        if sub.aborted:
+            self._aborts.append(sub.request_id)  # applied right after it is admitted, as for any queued request
+        self._ensure_running()
+
     def _new_request_id(self) -> str:
-        taken = {sub.request_id for sub in self._pending}
+        taken = {sub.request_id for sub in (*self._pending, *self._resolving)}
         while (request_id := f"async-{next(self._ids)}") in self.engine.requests or request_id in taken:
             pass
         return request_id
@@ -158,7 +216,7 @@ class AsyncLLM:
             for request_id in self.engine.unfinished_ids():
                 self.engine.abort(request_id)
                 self.engine.release(request_id)
-        self._pending, self._aborts, self._streams = [], [], {}
+        self._pending, self._aborts, self._streams, self._resolving = [], [], {}, []
 
     def _ensure_running(self) -> None:
         if self._loop_task is None or self._loop_task.done():
@@ -183,6 +241,8 @@ class AsyncLLM:
                 self._end_stream(sub.stream)
                 continue
             request.future = sub.future  # the request owns its future (its input field group)
+            if sub.text is not None:
+                request.prompt = sub.text  # queued as its token ids; its output still shows the text
             if sub.stream is not None:
                 self._streams[sub.request_id] = sub.stream
         for request_id in later:
@@ -234,7 +294,8 @@ class AsyncLLM:
                     for update in updates:
                         stream = self._streams.get(update.request_id)
                         if stream is not None and update.delta:
-                            stream.put_nowait(update.delta)
+                            generated = len(self.engine.requests[update.request_id].output_token_ids)
+                            stream.put_nowait((update.delta, generated))
                         if update.finished:
                             self._deliver(update.request_id)
             except Exception as err:  # a defect inside the engine: end what was in flight, keep serving

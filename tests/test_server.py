@@ -87,10 +87,13 @@ def test_completions_give_the_offline_engines_tokens_streaming_or_not(model, ser
         assert whole.usage.prompt_tokens == (len(prompt.encode()) if isinstance(prompt, str) else len(prompt))
         assert whole.choices[0].finish_reason in ("stop", "length") and whole.object == "text_completion"
         chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0,
-                                                stream=True))
+                                                stream=True, stream_options={"include_usage": True}))
         assert "".join(c.choices[0].text for c in chunks if c.choices) == text
         assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
         assert chunks[-1].usage.completion_tokens == len(tokens) and not chunks[-1].choices
+        plain = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0, stream=True))
+        assert "".join(c.choices[0].text for c in plain) == text  # OpenAI's default: no usage chunk, no empty choices
+        assert all(c.usage is None for c in plain)
     wait_idle(served[1])
 
 

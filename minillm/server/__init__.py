@@ -1,9 +1,12 @@
 """The OpenAI-compatible server (chapter 9): `python -m minillm serve`, or `build_app` in code.
 
-    protocol.py       request bodies checked and turned into SamplingParams; OpenAI's error shape
-    chat_template.py  chat messages -> one prompt
+    protocol.py       request bodies checked and turned into SamplingParams; the field policy; OpenAI's error shape
+    body.py           request bodies read with a bound (413) and parsed off the event loop
+    chat_template.py  chat messages -> one prompt (the checkpoint's template, or a plain transcript)
+    responses.py      OpenAI's response bodies: a whole answer, a chunk, the usage, a model
+    streaming.py      a request's answer as server-sent events
     metrics.py        GET /metrics: engine gauges, counters and latency histograms, Prometheus' text format
-    app.py            the FastAPI routes over AsyncLLM: completions, chat, streaming, models, health, metrics
+    app.py            the FastAPI routes over AsyncLLM: completions, chat, streaming, tokenize, models, health
 """
 
 from minillm.server.app import build_app

@@ -1,50 +1,66 @@
 """The OpenAI-compatible HTTP server over `AsyncLLM` (chapter 9): a thin layer.
 
-    POST /v1/completions, /v1/chat/completions ─► protocol.parse (400 if bad) ─► AsyncLLM ─► JSON, or
-                                                                                server-sent events
-    GET  /v1/models, /health, /metrics (Prometheus text: minillm/server/metrics.py)
+    POST /v1/completions, /v1/chat/completions ─► body.py (bounded, parsed off the loop) ─► protocol.py
+        (400 if bad) ─► tokenized off the loop (AsyncLLM.encode) ─► AsyncLLM ─► JSON, or server-sent
+        events (streaming.py)
+    POST /tokenize, /detokenize                 vLLM's shapes: {"count", "max_model_len", "tokens"}, {"prompt"}
+    GET  /v1/models, /v1/models/{id}            the served model, with its max_model_len
+    GET  /health (HEAD too), /metrics           Prometheus text: minillm/server/metrics.py
 
 It validates, translates to `SamplingParams`, streams, and aborts a request whose client went away;
 every decision about *serving* stays in the engine. Errors have OpenAI's shape,
-{"error": {"message", "type", "param", "code"}}: 400 for a bad body or an over-long prompt, 404 for
-an unknown model, 401 for a missing or wrong API key when the server has one.
+{"error": {"message", "type", "param", "code"}}, whatever goes wrong: 400 for a bad body or an
+over-long prompt, 413 for a body over MAX_BODY_BYTES, 404 for an unknown model or route, 401 for a
+missing or wrong API key when the server has one (every route but /health and /metrics), and a 500
+in the same shape for a defect — never plain text. Nothing slow runs on the event loop: reading JSON,
+checking token ids, rendering a chat template and tokenizing all happen in worker threads.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import dataclasses
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
 
 from minillm.async_engine import AsyncLLM
 from minillm.engine import RequestOutput
-from minillm.prompts import encode_prompt
-from minillm.server.chat_template import render_chat
+from minillm.server.body import MAX_BODY_BYTES, decode_json, read_body
+from minillm.server.chat_template import ChatTemplateError, has_chat_template, render_chat
 from minillm.server.metrics import ServerMetrics
-from minillm.server.protocol import GenerationRequest, RequestError, parse
+from minillm.server.protocol import (
+    GenerationRequest,
+    RequestError,
+    parse,
+    parse_detokenize,
+    parse_tokenize,
+)
+from minillm.server.responses import model_card, whole
+from minillm.server.streaming import sse
 
-FINISH = {"stop": "stop", "length": "length", "abort": "abort", "error": "error"}
+__all__ = ["MAX_BODY_BYTES", "build_app"]
+
 DISCONNECT_POLL_S = 0.25  # how often a request not yet streaming checks that its client is still there
-MAX_BODY_BYTES = 4 << 20  # 4 MiB: far more than any prompt the context can hold, far less than a flood
+OPEN_PATHS = ("/health", "/metrics")  # what a server with an API key still answers without one
 
 
 class ApiKeyCheck:
-    """ASGI middleware: /v1/ routes need "Authorization: Bearer <key>" (401 otherwise). Plain ASGI on
-    purpose: FastAPI's @app.middleware("http") would hide a client's disconnect from the routes."""
+    """ASGI middleware: every route but /health and /metrics needs "Authorization: Bearer <key>" (401
+    otherwise). Plain ASGI on purpose: FastAPI's @app.middleware("http") would hide a client's
+    disconnect from the routes."""
 
     def __init__(self, app, api_key: str):
         self.app, self.expected = app, f"Bearer {api_key}".encode()
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not secrets.compare_digest(given, self.expected):
                 err = RequestError(401, "missing or wrong API key (send 'Authorization: Bearer <key>')",
@@ -54,20 +70,15 @@ class ApiKeyCheck:
         await self.app(scope, receive, send)
 
 
-def max_token_chars(tokenizer, vocab_size: int) -> int:
-    """The most characters one token decodes to: a text longer than max_model_len times this cannot fit."""
-    try:
-        return max(1, max(len(tokenizer.decode([i])) for i in range(vocab_size)))
-    except Exception:  # a tokenizer that cannot decode every id alone: fall back to a generous bound
-        return 64
-
-
-def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None, default_max_tokens: int = 16) -> FastAPI:
-    """The server's routes over `llm`, serving it under `model_name`."""
+def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None, default_max_tokens: int = 16,
+              cors_origins: list[str] | None = None) -> FastAPI:
+    """The server's routes over `llm`, serving it under `model_name`. `default_max_tokens` is a
+    completion's when it gives none (a chat's is the rest of the context, as OpenAI's); `cors_origins`
+    lets browsers on those origins call the API ("*": any), off by default."""
     app = FastAPI(title="minillm", docs_url=None, redoc_url=None)
     created = int(time.time())
     engine, tokenizer = llm.engine, llm.engine.tokenizer
-    longest_token_chars = max_token_chars(tokenizer, engine.model.config.vocab_size)
+    vocab_size, max_len = engine.model.config.vocab_size, engine.max_model_len
     history = ServerMetrics()
 
     @app.exception_handler(RequestError)
@@ -80,12 +91,21 @@ def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None, defaul
         body = RequestError(err.status_code, str(err.detail), kind=kind).body()
         return JSONResponse(body, status_code=err.status_code)
 
+    @app.exception_handler(Exception)
+    async def defect(request: Request, err: Exception) -> JSONResponse:  # logged by the server too
+        body = RequestError(500, f"the server failed: {type(err).__name__}: {err}", kind="server_error").body()
+        return JSONResponse(body, status_code=500)
+
     if api_key is not None:
         app.add_middleware(ApiKeyCheck, api_key=api_key)
+    if cors_origins:  # added last, so outermost: a browser's preflight is answered before the key check
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["*"],
+                           allow_headers=["*"])
 
-    @app.get("/health")
-    async def health() -> dict:
-        return {"status": "ok"}
+    # ------------------------------------------------------------------ the server and its model
+    @app.api_route("/health", methods=["GET", "HEAD"])
+    async def health(request: Request) -> Response:
+        return Response(status_code=200) if request.method == "HEAD" else JSONResponse({"status": "ok"})
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
@@ -93,82 +113,110 @@ def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None, defaul
 
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
-                                            "owned_by": "minillm"}]}
+        return {"object": "list", "data": [model_card(model_name, created, max_len)]}
 
-    async def read(request: Request, chat: bool) -> GenerationRequest:
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-            raise RequestError(413, f"the body has {declared} bytes, more than this server takes ({MAX_BODY_BYTES})")
-        try:
-            raw = await request.body()
-        except ClientDisconnect:
-            raise RequestError(400, "the client went away while sending its body") from None
-        if len(raw) > MAX_BODY_BYTES:
-            raise RequestError(413, f"the body has {len(raw)} bytes, more than this server takes ({MAX_BODY_BYTES})")
-        try:
-            body = json.loads(raw)
-        except (ValueError, RecursionError) as err:  # also: a number of thousands of digits, deep nesting
-            raise RequestError(400, f"the body is not valid JSON: {str(err)[:200]}") from None
-        req = parse(body, chat, default_max_tokens)
-        if req.model != model_name:
-            raise RequestError(404, f"model {req.model!r} does not exist: this server serves {model_name!r}",
-                               "model", kind="not_found_error")
-        return req
+    @app.get("/v1/models/{model_id:path}")
+    async def one_model(model_id: str) -> dict:
+        check_model(model_id)
+        return model_card(model_name, created, max_len)
 
+    def check_model(name: str | None) -> None:
+        if name is not None and name != model_name:
+            raise RequestError(404, f"model {name!r} does not exist: this server serves {model_name!r}", "model",
+                               kind="not_found_error", code="model_not_found")
+
+    async def body(request: Request, check: Callable[[object], object]):
+        """The request's body, read with a bound, parsed and checked by `check` in a worker thread."""
+        raw = await read_body(request)
+        return await asyncio.to_thread(lambda: check(decode_json(raw)))
+
+    # ------------------------------------------------------------------ tokens
+    async def prompt_ids(prompt: str | list[int] | None, messages: list[dict] | None, add_special_tokens: bool | None,
+                         add_generation_prompt: bool = True, continue_final_message: bool = False) -> list[int]:
+        """The prompt's checked token ids: a chat rendered by its template, then tokenized (both in
+        worker threads). A template writes its own special tokens: its text gets none added unless
+        asked; a completion's prompt (and the plain transcript) gets the tokenizer's."""
+        param = "prompt" if messages is None else "messages"
+        try:
+            if messages is not None:
+                prompt = await asyncio.to_thread(render_chat, tokenizer, messages, add_generation_prompt,
+                                                 continue_final_message)
+                if add_special_tokens is None:
+                    add_special_tokens = not has_chat_template(tokenizer)
+            return await llm.encode(prompt, add_special_tokens is not False)
+        except ChatTemplateError as err:
+            raise RequestError(400, str(err), "messages") from None
+        except ValueError as err:
+            raise RequestError(400, str(err), param) from None
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict:
+        req = await body(request, parse_tokenize)
+        check_model(req.model)
+        ids = await prompt_ids(req.prompt, req.messages, req.add_special_tokens, req.add_generation_prompt,
+                               req.continue_final_message)
+        answer = {"count": len(ids), "max_model_len": max_len, "tokens": ids}
+        if req.return_token_strs:
+            answer["token_strs"] = await asyncio.to_thread(token_strings, tokenizer, ids)
+        return answer
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> dict:
+        model, ids = await body(request, lambda b: parse_detokenize(b, vocab_size, max_len))
+        check_model(model)
+        return {"prompt": await asyncio.to_thread(tokenizer.decode, ids)}
+
+    # ------------------------------------------------------------------ generation
     @app.post("/v1/completions")
     async def completions(request: Request):
-        req = await read(request, chat=False)
-        return await respond(request, req, await token_ids(req.prompt, req, "prompt"), chat=False)
+        req = await body(request, lambda b: parse(b, False, default_max_tokens, vocab_size, max_len))
+        check_model(req.model)
+        return await respond(request, req, await prompt_ids(req.prompt, None, req.add_special_tokens))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        req = await read(request, chat=True)
-        return await respond(request, req, await token_ids(render_chat(tokenizer, req.messages), req, "messages"),
-                             chat=True)
-
-    async def token_ids(prompt: str | list[int], req: GenerationRequest, param: str) -> list[int]:
-        """The prompt's checked token ids, tokenized in a worker thread (a long text would otherwise hold
-        up every other client); a text too long to fit the context whatever its tokens is refused unread."""
-        if isinstance(prompt, str) and len(prompt) > engine.max_model_len * longest_token_chars:
-            raise RequestError(400, f"prompt has {len(prompt)} characters: more than the context of "
-                                    f"{engine.max_model_len} tokens can hold", param)
-        try:
-            ids = await asyncio.get_running_loop().run_in_executor(
-                None, encode_prompt, tokenizer, prompt, engine.max_model_len, engine.model.config.vocab_size)
-        except ValueError as err:
-            raise RequestError(400, str(err), param) from None
-        if len(ids) + req.params.max_new_tokens > engine.max_model_len:
-            raise RequestError(400, f"max_tokens={req.params.max_new_tokens} with a prompt of {len(ids)} tokens "
-                                    f"exceeds the context of {engine.max_model_len} tokens", "max_tokens")
-        return ids
+        req = await body(request, lambda b: parse(b, True, default_max_tokens, vocab_size, max_len))
+        check_model(req.model)
+        ids = await prompt_ids(None, req.messages, req.add_special_tokens, req.add_generation_prompt,
+                               req.continue_final_message)
+        return await respond(request, req, ids)
 
     async def until_done_or_gone(request: Request, awaitable) -> bool:
-        """Wait for `awaitable`; False (and it is cancelled) if the client disconnects first."""
+        """Wait for `awaitable`; False (and it is cancelled, its cancellation complete) if the client
+        disconnects first."""
         task = asyncio.ensure_future(awaitable)
         while not task.done():
             await asyncio.wait([task], timeout=DISCONNECT_POLL_S)
             if not task.done() and await request.is_disconnected():
                 task.cancel()
+                await asyncio.wait([task])  # a generator inside must have stopped before anyone closes it
                 return False
         return True
 
-    async def respond(request: Request, req: GenerationRequest, prompt: list[int], chat: bool):
+    async def respond(request: Request, req: GenerationRequest, prompt: list[int]):
+        chat = req.messages is not None
         answer_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        param = "prompt" if not chat else "messages"
+        param = "messages" if chat else "prompt"
+        params = req.params
+        if req.max_tokens_is_rest:
+            params = dataclasses.replace(params, max_new_tokens=max_len - len(prompt))
+        elif len(prompt) + params.max_new_tokens > max_len:
+            raise RequestError(400, f"max_tokens={params.max_new_tokens} with a prompt of {len(prompt)} tokens "
+                                    f"exceeds the context of {max_len} tokens", "max_tokens")
         if req.stream:
-            events = llm.stream_events(prompt, req.params, request_id=answer_id)
+            events = llm.stream_events(prompt, params, request_id=answer_id)
             first = asyncio.ensure_future(anext(events))  # a refused request raises here, before any byte
             if not await until_done_or_gone(request, first):  # gone while it waited in the queue
-                await events.aclose()  # aborts the request
+                await events.aclose()  # the request was aborted when its wait was cancelled
                 history.count_abort()
                 return JSONResponse({}, status_code=499)
             try:
                 first_event = first.result()
             except ValueError as err:
                 raise RequestError(400, str(err), param) from None
-            return StreamingResponse(sse(answer_id, req, chat, first_event, events), media_type="text/event-stream")
-        future = llm.submit(prompt, req.params, request_id=answer_id)
+            return StreamingResponse(sse(answer_id, model_name, req, len(prompt), first_event, events, history),
+                                     media_type="text/event-stream")
+        future = llm.submit(prompt, params, request_id=answer_id)
         if not await until_done_or_gone(request, future):  # cancelling the future aborted the request
             history.count_abort()
             return JSONResponse({}, status_code=499)
@@ -179,59 +227,14 @@ def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None, defaul
         history.record(out)
         if out.finish_reason == "error":
             raise RequestError(500, f"the request failed in the engine: {out.error}", kind="server_error")
-        return whole(answer_id, out, chat)
-
-    def usage(out: RequestOutput) -> dict:
-        return {"prompt_tokens": len(out.prompt_token_ids), "completion_tokens": len(out.token_ids),
-                "total_tokens": len(out.prompt_token_ids) + len(out.token_ids)}
-
-    def whole(answer_id: str, out: RequestOutput, chat: bool) -> dict:
-        if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": out.text},
-                      "finish_reason": FINISH[out.finish_reason], "logprobs": None}
-        else:
-            choice = {"index": 0, "text": out.text, "finish_reason": FINISH[out.finish_reason], "logprobs": None}
-        return {"id": answer_id, "object": "chat.completion" if chat else "text_completion",
-                "created": int(time.time()), "model": model_name, "choices": [choice], "usage": usage(out)}
-
-    def chunk(answer_id: str, chat: bool, text: str | None, finish: str | None, role: bool = False) -> dict:
-        if chat:
-            delta = ({"role": "assistant"} if role else {}) | ({"content": text} if text is not None else {})
-            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
-        else:
-            choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
-        return {"id": answer_id, "object": "chat.completion.chunk" if chat else "text_completion",
-                "created": int(time.time()), "model": model_name, "choices": [choice]}
-
-    async def sse(answer_id: str, req: GenerationRequest, chat: bool, first,
-                  events: AsyncIterator) -> AsyncIterator[str]:
-        """Server-sent events: a chunk per text delta, one with the finish reason, the usage, [DONE]."""
-        def event(data: dict) -> str:
-            return f"data: {json.dumps(data)}\n\n"
-
-        recorded = False
-        try:
-            if chat:
-                yield event(chunk(answer_id, chat, "", None, role=True))
-            pending = [first]
-            while True:
-                for delta, out in pending:
-                    if out is not None:
-                        history.record(out)
-                        recorded = True
-                        yield event(chunk(answer_id, chat, None if chat else "", FINISH[out.finish_reason]))
-                        if req.include_usage:
-                            yield event({"id": answer_id, "object": "chat.completion.chunk" if chat else
-                                         "text_completion", "created": int(time.time()), "model": model_name,
-                                         "choices": [], "usage": usage(out)})
-                        yield "data: [DONE]\n\n"
-                        return
-                    if delta:
-                        yield event(chunk(answer_id, chat, delta, None))
-                pending = [await anext(events)]
-        finally:
-            await events.aclose()  # a client gone mid-stream: the request is aborted there
-            if not recorded:
-                history.count_abort()
+        return whole(answer_id, model_name, out, chat)
 
     return app
+
+
+def token_strings(tokenizer, ids: list[int]) -> list[str]:
+    """Each token id's own string (the tokenizer's vocabulary entry, or its text alone)."""
+    convert = getattr(tokenizer, "convert_ids_to_tokens", None)
+    if convert is not None:
+        return [str(t) for t in convert(ids)]
+    return [tokenizer.decode([i]) for i in ids]
