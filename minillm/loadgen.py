@@ -22,11 +22,13 @@ chunks' count is a disagreement: the record keeps a warning naming both numbers 
 used. A usage that is not an integer, negative or over max_tokens (or more chunks with text than
 max_tokens) is absurd: the request fails with that reason.
 
-A request succeeded when its stream carried at least one chunk of text, ended with `data: [DONE]` and
-carried no error (an `error` object, or a choice finished with "error"); anything else is its failure,
-with the reason. Every read is bounded: a stream line over MAX_LINE_BYTES or an error body over
-MAX_ERROR_BODY_BYTES fails the request and closes its connection, and a request still running
-`request_timeout` seconds after it was sent fails however slowly its bytes keep dribbling in.
+A request succeeded when its stream carried at least one chunk of text (or none, but a choice
+finished with "stop" or "length" and a usage of at least one token: a model may end at once, on
+EOS), ended with `data: [DONE]` and carried no error (an `error` object, or a choice finished with
+"error"); anything else is its failure, with the reason. Every read is bounded: a stream line over
+MAX_LINE_BYTES or an error body over MAX_ERROR_BODY_BYTES fails the request and closes its
+connection, and a request still running `request_timeout` seconds after it was sent fails however
+slowly its bytes keep dribbling in.
 """
 
 from __future__ import annotations
@@ -62,10 +64,12 @@ class RequestRecord:
     usage_tokens: int | None = None  # the server's usage.completion_tokens, when it sent one
     warning: str | None = None  # the server's usage disagreed with the stream (the counted number is used)
     not_sent: bool = False  # its arrival fell after the run's duration
+    finish_reason: str | None = None  # as the stream's last choice gave it
 
     @property
     def ok(self) -> bool:
-        return self.status == 200 and self.error is None and self.done and bool(self.chunk_times)
+        said_something = bool(self.chunk_times) or (self.finish_reason in ("stop", "length") and self.output_tokens)
+        return self.status == 200 and self.error is None and self.done and said_something
 
     @property
     def ttft(self) -> float | None:  # None: no token arrived
@@ -204,6 +208,8 @@ def read_event(data: str, record: RequestRecord, now: float, max_tokens: int) ->
         raise ValueError(f"malformed choices in the stream: {data[:80]!r}")
     if any(c.get("finish_reason") == "error" for c in choices):
         raise ValueError("the server ended the request with finish_reason 'error'")
+    record.finish_reason = next((c["finish_reason"] for c in choices if isinstance(c.get("finish_reason"), str)),
+                                record.finish_reason)
     if any(isinstance(c.get("text"), str) and c["text"] for c in choices):
         if len(record.chunk_times) == max_tokens:
             raise ValueError(f"the stream carried more chunks of text than max_tokens = {max_tokens}")
@@ -211,9 +217,12 @@ def read_event(data: str, record: RequestRecord, now: float, max_tokens: int) ->
 
 
 def count_tokens(record: RequestRecord) -> None:
-    """A finished stream's output tokens (see the module's docstring); no chunk of text is a failure."""
+    """A finished stream's output tokens (see the module's docstring); no chunk of text and no finished
+    choice is a failure."""
     counted, usage = len(record.chunk_times), record.usage_tokens
-    if counted == 0:
+    if counted == 0 and record.finish_reason in ("stop", "length") and usage:
+        record.output_tokens = usage  # a model may end at once (EOS first): a finished answer without text
+    elif counted == 0:
         said = "" if usage is None else f" (its usage says {usage} completion tokens)"
         record.error = f"no output token: the stream carried no text{said}"
     elif usage is None:

@@ -46,6 +46,7 @@ STREAMS = {  # mode -> the SSE body the fake server sends
     "crlf": [_chunk("a").replace("\n", "\r\n"), _chunk("b").replace("\n", "\r"), "data: [DONE]\r\n\r\n"],
     "big_chunk": [_chunk("y" * 200_000), "data: [DONE]\n\n"],  # long, but under the line limit
     "empty": [_chunk("", "stop"), _usage(0), "data: [DONE]\n\n"],
+    "eos_first": [_chunk("", "stop"), _usage(1), "data: [DONE]\n\n"],  # a model that ends at once: a real answer
     "done_only": ["data: [DONE]\n\n"],
     "done_only_usage": [_usage(3), "data: [DONE]\n\n"],
     "negative_usage": [_chunk("a"), _usage(-132), "data: [DONE]\n\n"],
@@ -135,6 +136,13 @@ def test_a_finished_stream_counts_its_tokens(fake, mode, tokens, chunks):
     for record in _records(fake, mode):
         assert record.ok and record.error is None and record.warning is None and record.output_tokens == tokens
         assert len(record.chunk_times) == chunks and record.ttft is not None
+
+
+def test_a_model_that_ends_at_once_is_a_finished_answer_without_a_first_token(fake):
+    """EOS as the first token: no text to stream, a finished choice, a usage of one token — a success
+    with no TTFT (a stream of only [DONE], or a usage of 0, stays a failure)."""
+    for record in _records(fake, "eos_first"):
+        assert record.ok and record.output_tokens == 1 and record.ttft is None and record.tpot is None
 
 
 def test_a_usage_below_the_stream_is_reported_and_the_count_used(fake):
