@@ -110,6 +110,8 @@ class StepUpdate:
     finished: bool  # the whole request is done (every sample): said once, on its last update
     index: int = 0  # which sample
     sample_finished: bool = False  # this sample is done
+    token_ids: tuple[int, ...] = ()  # the tokens this step delivered to the sample
+    logprobs: tuple[TokenLogprob, ...] = ()  # theirs, when the request asked for logprobs
 
 
 class LLMEngine:
@@ -368,7 +370,8 @@ class LLMEngine:
             request.output_logprobs.extend(result.logprobs.get(request.request_id, ()))
             delta = self._emit(request, now, count)
             updates.append(StepUpdate(self._top(request.request_id).request_id, delta, False, request.sample_index,
-                                      request.status.is_done))
+                                      request.status.is_done, tuple(request.output_token_ids[before:]),
+                                      tuple(request.output_logprobs[before:])))
             delivered[request.request_id] = request.num_output_tokens - before
         updates = self._mark_finished(updates)
         speculation = self._count_speculation(output, result, delivered)

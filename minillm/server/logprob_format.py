@@ -1,0 +1,85 @@
+"""Log-probabilities in the OpenAI API's shapes (chapter 9), from the engine's `TokenLogprob`s.
+
+    completions  "logprobs": {"tokens": ["Hel", "lo"], "token_logprobs": [-0.1, -0.5],
+                              "top_logprobs": [{"Hel": -0.1, "Hi": -2.3}, ...], "text_offset": [0, 3]}
+                 with echo the prompt's tokens come first, the first of them with null logprob and top
+    chat         "logprobs": {"content": [{"token": "Hel", "logprob": -0.1, "bytes": [72, 101, 108],
+                              "top_logprobs": [{"token", "logprob", "bytes"}, ...]}], "refusal": null}
+    vLLM's       "prompt_logprobs": [null, {"<token id>": {"logprob", "rank", "decoded_token"}, ...}, ...]
+
+A token is named by its own decoded text (a byte-level token holding part of a character decodes to
+"\ufffd"; chat's `bytes` carry the text's UTF-8). A completions `top_logprobs` entry holds the N most
+likely tokens and the chosen one, as OpenAI and vLLM give it (so N + 1 entries when the chosen token is
+not among the N). Values are the model's own log-softmax; -inf is written as -9999.0, as vLLM does, since
+JSON has no infinity.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from minillm.logprobs import TokenLogprob
+
+FLOOR = -9999.0
+
+
+def _value(logprob: float) -> float:
+    return max(logprob, FLOOR) if not math.isnan(logprob) else FLOOR
+
+
+class LogprobFormatter:
+    """Names tokens with `tokenizer` (each id decoded once, then remembered) and builds the shapes."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self._texts: dict[int, str] = {}
+
+    def text(self, token_id: int) -> str:
+        if token_id not in self._texts:
+            self._texts[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False,
+                                                          clean_up_tokenization_spaces=False)
+        return self._texts[token_id]
+
+    def completion(self, token_ids: Sequence[int], entries: Sequence[TokenLogprob | None], num_top: int,
+                   text_offset: int = 0) -> dict:
+        """Completions' `logprobs` object for these tokens; `entries[i]` is token i's (None: no logprob,
+        the prompt's first token). Offsets count characters from `text_offset`."""
+        tokens = [self.text(t) for t in token_ids]
+        offsets = []
+        for token in tokens:
+            offsets.append(text_offset)
+            text_offset += len(token)
+        token_logprobs = [None if e is None else _value(e.logprob) for e in entries]
+        top = [None if e is None else self._top_dict(e, num_top) for e in entries]
+        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
+
+    def _top_dict(self, entry: TokenLogprob, num_top: int) -> dict[str, float]:
+        top = {self.text(token_id): _value(logprob) for token_id, logprob in entry.top[:num_top]}
+        top.setdefault(self.text(entry.token_id), _value(entry.logprob))
+        return top
+
+    def chat(self, entries: Sequence[TokenLogprob], num_top: int) -> dict:
+        """Chat's `logprobs` object: one item per token, with exactly `num_top` alternatives."""
+        return {"content": [self._chat_item(e.token_id, e.logprob) | {"top_logprobs": [
+            self._chat_item(token_id, logprob) for token_id, logprob in e.top[:num_top]]} for e in entries],
+            "refusal": None}
+
+    def _chat_item(self, token_id: int, logprob: float) -> dict:
+        text = self.text(token_id)
+        return {"token": text, "logprob": _value(logprob), "bytes": list(text.encode("utf-8"))}
+
+    def prompt_logprobs(self, token_ids: Sequence[int], entries: Sequence[TokenLogprob | None]) -> list[dict | None]:
+        """vLLM's `prompt_logprobs`: per prompt token, its own and the top alternatives' logprob and rank,
+        keyed by token id (as a string: JSON keys are strings)."""
+        out: list[dict | None] = []
+        for token_id, entry in zip(token_ids, entries):
+            if entry is None:
+                out.append(None)
+                continue
+            ranked = {token_id: (entry.logprob, entry.rank)}
+            for rank, (other, logprob) in enumerate(entry.top, start=1):
+                ranked.setdefault(other, (logprob, rank))
+            out.append({str(t): {"logprob": _value(lp), "rank": rank, "decoded_token": self.text(t)}
+                        for t, (lp, rank) in ranked.items()})
+        return out
