@@ -2,6 +2,7 @@
 
     protocol.py       request bodies checked and turned into SamplingParams; the field policy; OpenAI's error shape
     body.py           request bodies read with a bound (413) and parsed off the event loop
+    parse_worker.py   the helper process that parses large bodies (their parse holds no lock the engine needs)
     chat_template.py  chat messages -> one prompt (the checkpoint's template, or a plain transcript)
     responses.py      OpenAI's response bodies: a whole answer, a chunk, the usage, a model
     streaming.py      a request's answer as server-sent events

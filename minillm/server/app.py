@@ -13,13 +13,16 @@ every decision about *serving* stays in the engine. Errors have OpenAI's shape,
 over-long prompt, 413 for a body over MAX_BODY_BYTES, 404 for an unknown model or route, 401 for a
 missing or wrong API key when the server has one (every route but /health and /metrics), and a 500
 in the same shape for a defect — never plain text. Nothing slow runs on the event loop: reading JSON,
-checking token ids, rendering a chat template and tokenizing all happen in worker threads.
+checking token ids, rendering a chat template and tokenizing all happen in worker threads (and a
+large body's JSON in a helper process: body.py says why).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import functools
 import secrets
 import time
 import uuid
@@ -32,10 +35,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from minillm.async_engine import AsyncLLM
 from minillm.engine import RequestOutput
-from minillm.server.body import MAX_BODY_BYTES, decode_json, read_body
+from minillm.server.body import MAX_BODY_BYTES, BodyDecoder, read_body
 from minillm.server.chat_template import ChatTemplateError, has_chat_template, render_chat
 from minillm.server.metrics import ServerMetrics
 from minillm.server.protocol import (
+    MAX_STOP_TOKEN_IDS,
     GenerationRequest,
     RequestError,
     parse,
@@ -75,15 +79,29 @@ def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None, defaul
     """The server's routes over `llm`, serving it under `model_name`. `default_max_tokens` is a
     completion's when it gives none (a chat's is the rest of the context, as OpenAI's); `cors_origins`
     lets browsers on those origins call the API ("*": any), off by default."""
-    app = FastAPI(title="minillm", docs_url=None, redoc_url=None)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        await decoder.aclose()
+
+    app = FastAPI(title="minillm", docs_url=None, redoc_url=None, lifespan=lifespan)
     created = int(time.time())
     engine, tokenizer = llm.engine, llm.engine.tokenizer
     vocab_size, max_len = engine.model.config.vocab_size, engine.max_model_len
     history = ServerMetrics()
+    decoder = BodyDecoder(max_items=max(max_len, MAX_STOP_TOKEN_IDS))  # no list in a usable request is longer
+    # the body checks
+    completion_check = functools.partial(parse, chat=False, default_max_tokens=default_max_tokens,
+                                         vocab_size=vocab_size, max_model_len=max_len)
+    chat_check = functools.partial(completion_check, chat=True)
+    detokenize_check = functools.partial(parse_detokenize, vocab_size=vocab_size, most=max_len)
 
     @app.exception_handler(RequestError)
     async def refused(request: Request, err: RequestError) -> JSONResponse:
-        return JSONResponse(err.body(), status_code=err.status)
+        # a body refused for its size is not read to its end: the connection closes after the answer
+        close = {"connection": "close"} if err.status == 413 else None
+        return JSONResponse(err.body(), status_code=err.status, headers=close)
 
     @app.exception_handler(StarletteHTTPException)
     async def not_here(request: Request, err: StarletteHTTPException) -> JSONResponse:
@@ -126,9 +144,8 @@ def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None, defaul
                                kind="not_found_error", code="model_not_found")
 
     async def body(request: Request, check: Callable[[object], object]):
-        """The request's body, read with a bound, parsed and checked by `check` in a worker thread."""
-        raw = await read_body(request)
-        return await asyncio.to_thread(lambda: check(decode_json(raw)))
+        """The request's body, read with a bound, parsed and checked by `check` off the event loop."""
+        return await decoder.decode(await read_body(request), check)
 
     # ------------------------------------------------------------------ tokens
     async def prompt_ids(prompt: str | list[int] | None, messages: list[dict] | None, add_special_tokens: bool | None,
@@ -162,20 +179,20 @@ def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None, defaul
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> dict:
-        model, ids = await body(request, lambda b: parse_detokenize(b, vocab_size, max_len))
+        model, ids = await body(request, detokenize_check)
         check_model(model)
         return {"prompt": await asyncio.to_thread(tokenizer.decode, ids)}
 
     # ------------------------------------------------------------------ generation
     @app.post("/v1/completions")
     async def completions(request: Request):
-        req = await body(request, lambda b: parse(b, False, default_max_tokens, vocab_size, max_len))
+        req = await body(request, completion_check)
         check_model(req.model)
         return await respond(request, req, await prompt_ids(req.prompt, None, req.add_special_tokens))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        req = await body(request, lambda b: parse(b, True, default_max_tokens, vocab_size, max_len))
+        req = await body(request, chat_check)
         check_model(req.model)
         ids = await prompt_ids(None, req.messages, req.add_special_tokens, req.add_generation_prompt,
                                req.continue_final_message)

@@ -46,6 +46,9 @@ class RequestError(Exception):
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
+    def __reduce__(self):  # pickled whole: a body checked in body.py's helper process raises it here
+        return RequestError, (self.status, self.message, self.param, self.kind, self.code)
+
 
 def _bad(message: str, param: str | None) -> RequestError:
     return RequestError(400, message, param)
