@@ -91,7 +91,7 @@ def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None, defaul
     vocab_size, max_len = engine.model.config.vocab_size, engine.max_model_len
     history = ServerMetrics()
     decoder = BodyDecoder(max_items=max(max_len, MAX_STOP_TOKEN_IDS))  # no list in a usable request is longer
-    # the body checks
+    # each endpoint's body check (protocol.py), run off the event loop by `decoder`
     completion_check = functools.partial(parse, chat=False, default_max_tokens=default_max_tokens,
                                          vocab_size=vocab_size, max_model_len=max_len)
     chat_check = functools.partial(completion_check, chat=True)
