@@ -53,7 +53,7 @@ from minillm.sampling import SamplingParams
 from minillm.scheduler import ContinuousScheduler, SchedulerOutput, StaticScheduler
 from minillm.scheduler.admission import refusal
 from minillm.speculative.proposers import DraftModelProposer, NgramProposer, Proposal
-from minillm.stopping import stop_reason
+from minillm.stopping import ends_on_stop_token, stop_reason
 from minillm.trace import SlotState, StepRecord, Trace
 
 logger = logging.getLogger("minillm")
@@ -402,7 +402,7 @@ class LLMEngine:
         # never more than the step budget could carry beside the token itself
         k = min(self.config.speculative.num_speculative_tokens, self.config.max_tokens_per_step - 1)
         todo = [(r, r.room_for_guesses(k, self.max_model_len)) for r in self.scheduler.running
-                if r.num_uncomputed_tokens == 1]
+                if r.num_uncomputed_tokens == 1 and not r.pending_forks]  # samples fork from a plain last row
         try:
             proposals = self.proposer.propose([(r, n) for r, n in todo if n > 0], self.runner.sampling)
         except Exception:
@@ -496,7 +496,9 @@ class LLMEngine:
         for index in range(first, first + count):
             request.metrics.record_token(now)
             try:
-                text += detok.push(request.output_token_ids[index])
+                if request.params.include_stop_str_in_output or not ends_on_stop_token(
+                        request.output_token_ids[: index + 1], request.params, self.model.config.eos_token_ids):
+                    text += detok.push(request.output_token_ids[index])  # a stop token's own text is left out
             except Exception as err:  # a tokenizer that cannot decode its token: this request alone fails
                 del request.output_token_ids[index + 1 :]
                 del request.output_logprobs[index + 1 :]

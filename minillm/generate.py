@@ -24,7 +24,7 @@ from minillm.model.decoder import CausalLM
 from minillm.prompts import encode_prompt
 from minillm.sampler import SamplingRow, sample_row
 from minillm.sampling import SamplingParams
-from minillm.stopping import stop_reason
+from minillm.stopping import ends_on_stop_token, stop_reason
 
 
 @dataclass
@@ -84,7 +84,8 @@ class _Progress:
         """Record one generated token; True when generation is finished."""
         self.metrics.record_token(time.perf_counter())
         self.token_ids.append(token)
-        self._emit(self.detok.push(token))
+        if self.params.include_stop_str_in_output or not ends_on_stop_token(self.token_ids, self.params, self.eos_ids):
+            self._emit(self.detok.push(token))  # a stop token's own text is left out
         self.finish_reason = stop_reason(self.token_ids, len(self.prompt_ids), self.params, self.eos_ids,
                                          self.max_len, stop_string_found=self.detok.stopped_by is not None)
         return self.finish_reason is not None

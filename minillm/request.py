@@ -104,7 +104,8 @@ class Request:
     def wants_prompt_logits(self) -> bool:
         """Whether some prompt token still needs its logprob, so no prompt position may be skipped
         (a prefix-cache hit would skip computing them)."""
-        return self.params.prompt_logprobs is not None and len(self.prompt_logprobs) < self.num_prompt_tokens
+        return (self.parent is None and self.params.prompt_logprobs is not None
+                and len(self.prompt_logprobs) < self.num_prompt_tokens)  # a forked sample shares its parent's
 
     @property
     def num_tokens(self) -> int:

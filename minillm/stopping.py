@@ -22,10 +22,17 @@ def stop_reason(output_ids: Sequence[int], num_prompt_tokens: int, params: Sampl
     to say, and would have ended there with any larger limit. No stop ends it within its first
     `min_tokens` tokens (the sampler never draws EOS or a stop token there either).
     """
-    last = output_ids[-1]
-    stop_token = last in params.stop_token_ids or (not params.ignore_eos and last in eos_token_ids)
-    if stop_string_found or (stop_token and len(output_ids) > params.min_tokens):
+    if stop_string_found or ends_on_stop_token(output_ids, params, eos_token_ids):
         return "stop"
     if len(output_ids) >= params.max_new_tokens or num_prompt_tokens + len(output_ids) >= max_model_len:
         return "length"
     return None
+
+
+def ends_on_stop_token(output_ids: Sequence[int], params: SamplingParams, eos_token_ids: Collection[int]) -> bool:
+    """Whether the newest token is a stop token — one of `params.stop_token_ids`, or EOS unless
+    `ignore_eos` — past the first `min_tokens`. Its text is not part of the output unless
+    `include_stop_str_in_output` (as vLLM does), so the loops judge this before detokenizing it."""
+    last = output_ids[-1]
+    stop_token = last in params.stop_token_ids or (not params.ignore_eos and last in eos_token_ids)
+    return stop_token and len(output_ids) > params.min_tokens

@@ -422,9 +422,6 @@ def test_request_ids_colliding_with_sample_ids_are_refused(model):
         engine.step()
 
 
-@pytest.mark.xfail(strict=True, reason="defect: a forked sample inherits prompt_logprobs (for_sample keeps it), so "
-                   "once preempted it recomputes the prompt's logprobs on re-admission (appended again each time "
-                   "to its own, unused list) and is denied prefix-cache hits (Request.wants_prompt_logits)")
 def test_prompt_logprobs_are_computed_once_even_when_samples_are_preempted(model):
     engine = engine_for(model, "paged-prefix", num_blocks=8, max_tokens_per_step=64)
     computed: Counter = Counter()
@@ -447,11 +444,6 @@ def test_prompt_logprobs_are_computed_once_even_when_samples_are_preempted(model
     assert computed == Counter({out.request_id: len(prompt) - 1 for prompt, out in zip(prompts, outputs)})
 
 
-@pytest.mark.xfail(strict=True, reason="defect: with speculative decoding and chunked prefill, a prompt whose last "
-                   "chunk is one token gets guesses (engine._propose takes num_uncomputed_tokens == 1 for a decode); "
-                   "runner._sample then gives the forks no token (only the parent's verified run), so the samples "
-                   "fork a step late with a token of the parent's next position as their first, or — when the "
-                   "parent finishes in that step — never fork: their output stays empty and their slots leak")
 @pytest.mark.parametrize("method", ["ngram", "draft"])
 @pytest.mark.parametrize("kind", ["contiguous-chunked", "paged-chunked"])
 def test_samples_fork_right_when_the_last_prompt_chunk_gets_guesses(model, same_draft_folder, method, kind):

@@ -84,7 +84,7 @@ class ContinuousScheduler(Scheduler):
         by_id = {r.request_id: r for r in self.running}
         for i, chunk in enumerate(chunks):
             request = by_id.get(chunk.request_id)
-            if budget <= 0 or request is None or not request.draft_token_ids or not chunk.samples:
+            if budget <= 0 or request is None or not request.draft_token_ids or not chunk.samples or chunk.forks:
                 continue
             drafts = request.draft_token_ids[:budget]
             if self.pool is not None:
