@@ -31,12 +31,28 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from minillm.config import EngineConfig
-from minillm.engine import LLMEngine, RequestOutput
+from minillm.engine import LLMEngine, RequestOutput, StepUpdate
+from minillm.logprobs import TokenLogprob
 from minillm.model.loader import load
 from minillm.prompts import check_text_length, encode_prompt, longest_token_chars
 from minillm.sampling import SamplingParams
 
 logger = logging.getLogger("minillm")
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """One piece of a streamed request (`AsyncLLM.stream_events`): what a step gave one sample — its
+    new text, tokens and their logprobs, whether it is done — or, last, the request's whole output."""
+
+    index: int = 0  # which sample (n > 1)
+    delta: str = ""
+    token_ids: tuple[int, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()  # when the request asked for logprobs
+    finish_reason: str | None = None  # this sample's, once it is done
+    generated: int = 0  # tokens every sample has generated so far (a usage so far)
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None  # with the first tokens, when asked for
+    output: RequestOutput | None = None  # the last event only: the whole output, whatever the ending
 
 
 @dataclass
@@ -45,7 +61,7 @@ class _Submission:
     prompt: str | Sequence[int]
     params: SamplingParams | None
     future: asyncio.Future
-    stream: asyncio.Queue | None  # (text delta, tokens generated so far) items, then None at the end
+    stream: asyncio.Queue | None  # StreamEvents, then None at the end
     text: str | None = None  # a text prompt, kept for the output once `prompt` holds its token ids
     aborted: bool = False  # aborted while its text was being tokenized
     resolver: asyncio.Task | None = None  # the task tokenizing its text
@@ -95,12 +111,17 @@ class AsyncLLM:
                      request_id: str | None = None) -> AsyncIterator[str]:
         """Yield the request's text deltas as the engine produces them. Leaving early (`break`, a
         cancelled task) aborts the request; a refused request raises its ValueError, a failed one a
-        RuntimeError with the error, after the text it produced."""
+        RuntimeError with the error, after the text it produced. One text: for n > 1 samples (or their
+        logprobs) use `stream_events`."""
+        if params is not None and getattr(params, "n", 1) > 1:
+            raise ValueError(f"stream() yields one text, and n={params.n} samples were asked for: use stream_events, "
+                             "whose events say which sample each piece belongs to")
         queue: asyncio.Queue = asyncio.Queue()
         future = self._enqueue(prompt, params, request_id, stream=queue)
         try:
             while (item := await queue.get()) is not None:
-                yield item[0]
+                if item.delta:
+                    yield item.delta
         finally:
             if not future.done():  # the consumer left before the end
                 future.cancel()
@@ -109,21 +130,20 @@ class AsyncLLM:
             raise RuntimeError(f"request {output.request_id!r} failed: {output.error}")
 
     async def stream_events(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
-                            request_id: str | None = None
-                            ) -> AsyncIterator[tuple[str, int, RequestOutput | None]]:
-        """Like `stream`, for a server: (text delta, tokens generated so far, None) as the engine
-        produces text, then one last ("", tokens, the RequestOutput) whatever the ending (stop, length,
-        abort, error). Leaving early aborts the request; a refused request raises its ValueError."""
+                            request_id: str | None = None) -> AsyncIterator[StreamEvent]:
+        """Like `stream`, for a server: a StreamEvent per step and sample that produced something (text,
+        tokens, or its end), then one last event carrying the RequestOutput whatever the ending (stop,
+        length, abort, error). Leaving early aborts the request; a refused request raises its ValueError."""
         queue: asyncio.Queue = asyncio.Queue()
         future = self._enqueue(prompt, params, request_id, stream=queue)
         try:
             while (item := await queue.get()) is not None:
-                yield item[0], item[1], None
+                yield item
         finally:
             if not future.done():  # the consumer left before the end
                 future.cancel()
         output: RequestOutput = future.result()
-        yield "", len(output.token_ids), output
+        yield StreamEvent(generated=sum(len(o.token_ids) for o in output.outputs), output=output)
 
     def abort(self, request_id: str) -> None:
         """Abort a submitted request; its future resolves with finish_reason "abort". Unknown or
@@ -293,9 +313,8 @@ class AsyncLLM:
                 with lock:
                     for update in updates:
                         stream = self._streams.get(update.request_id)
-                        if stream is not None and update.delta:
-                            generated = len(self.engine.requests[update.request_id].output_token_ids)
-                            stream.put_nowait((update.delta, generated))
+                        if stream is not None and (update.delta or update.token_ids or update.sample_finished):
+                            stream.put_nowait(self._event(update))
                         if update.finished:
                             self._deliver(update.request_id)
             except Exception as err:  # a defect inside the engine: end what was in flight, keep serving
@@ -303,6 +322,16 @@ class AsyncLLM:
                 with lock:
                     if not self._end_all(f"{type(err).__name__}: {err}", abort=False):
                         return
+
+    def _event(self, update: StepUpdate) -> StreamEvent:
+        samples = self.engine.requests[update.request_id].samples
+        sample = samples[update.index]
+        first = update.index == 0 and update.token_ids and sample.num_output_tokens == len(update.token_ids)
+        prompt_logprobs = tuple(sample.prompt_logprobs) if first and sample.params.prompt_logprobs is not None \
+            else None  # complete once the first token is out
+        return StreamEvent(update.index, update.delta, update.token_ids, update.logprobs,
+                           sample.finish_reason if update.sample_finished else None,
+                           sum(s.num_output_tokens for s in samples), prompt_logprobs)
 
     def _end_all(self, reason: str, abort: bool) -> bool:
         """End every unfinished request (abort, or fail with `reason`) and deliver it. False if the

@@ -118,7 +118,6 @@ def test_generation_task_scores_as_hf(hf_results, server):
             (theirs["doc_id"], theirs["arguments"], theirs["resps"], theirs["filtered_resps"], theirs["exact_match"])
 
 
-@pytest.mark.xfail(reason="server logprobs/echo pending", strict=True)
 def test_multiple_choice_task_scores_as_hf(hf_results, server):
     served = served_results(server, MC_TASK)
     assert served["results"][MC_TASK] == hf_results["results"][MC_TASK]

@@ -116,9 +116,10 @@ def test_chat_gives_the_offline_engines_tokens_streaming_or_not(model, served, c
     ({"model": MODEL, "prompt": "hi", "temperature": 3}, 400, "temperature", "in [0.0, 2.0]"),
     ({"model": MODEL, "prompt": "hi", "top_p": 0}, 400, "top_p", "(0, 1]"),
     ({"model": MODEL, "prompt": "hi", "max_tokens": 0}, 400, "max_tokens", ">= 1"),
-    ({"model": MODEL, "prompt": "hi", "n": 2}, 400, "n", "n must be 1"),
+    ({"model": MODEL, "prompt": "hi", "n": 0}, 400, "n", "n must be an integer in [1, 128]"),
+    ({"model": MODEL, "prompt": "hi", "n": 5}, 400, "n", "each in a batch slot"),
     ({"model": MODEL, "prompt": "hi", "stop": ["a"] * 5}, 400, "stop", "up to 4"),
-    ({"model": MODEL, "prompt": "hi", "logprobs": 3}, 400, "logprobs", "not supported"),
+    ({"model": MODEL, "prompt": "hi", "logprobs": 21}, 400, "logprobs", "[0, 20]"),
     ({"model": MODEL, "prompt": ""}, 400, "prompt", "non-empty"),
     ({"model": MODEL, "prompt": [1, -2]}, 400, "prompt", "token ids"),
     ({"model": MODEL, "prompt": "x" * 200}, 400, "prompt", "context of 128 tokens"),
@@ -227,7 +228,7 @@ def test_the_load_generator_measures_a_run_against_the_server(served):
 
 MALFORMED = [  # (body or raw bytes, what the error must say)
     ({"model": MODEL, "prompt": "hi", "temperature": -1}, "temperature"),
-    ({"model": MODEL, "prompt": "hi", "n": 3}, "n must be 1"),
+    ({"model": MODEL, "prompt": "hi", "n": 0}, "n must be"),
     ({"model": "nope", "prompt": "hi"}, "does not exist"),
     ({"model": MODEL}, "prompt must be"),
     ({"model": MODEL, "prompt": "x" * 200}, "context"),

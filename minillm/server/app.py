@@ -37,6 +37,7 @@ from minillm.async_engine import AsyncLLM
 from minillm.engine import RequestOutput
 from minillm.server.body import MAX_BODY_BYTES, BodyDecoder, read_body
 from minillm.server.chat_template import ChatTemplateError, has_chat_template, render_chat
+from minillm.server.logprob_format import LogprobFormatter
 from minillm.server.metrics import ServerMetrics
 from minillm.server.protocol import (
     MAX_STOP_TOKEN_IDS,
@@ -90,6 +91,7 @@ def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None, defaul
     engine, tokenizer = llm.engine, llm.engine.tokenizer
     vocab_size, max_len = engine.model.config.vocab_size, engine.max_model_len
     history = ServerMetrics()
+    formatter = LogprobFormatter(tokenizer)  # names tokens in logprobs (each id decoded once)
     decoder = BodyDecoder(max_items=max(max_len, MAX_STOP_TOKEN_IDS))  # no list in a usable request is longer
     # each endpoint's body check (protocol.py), run off the event loop by `decoder`
     completion_check = functools.partial(parse, chat=False, default_max_tokens=default_max_tokens,
@@ -215,6 +217,13 @@ def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None, defaul
         answer_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         param = "messages" if chat else "prompt"
         params = req.params
+        if params.n > engine.config.max_num_seqs:
+            raise RequestError(400, f"n={params.n} samples run at once, each in a batch slot, and this server has "
+                                    f"{engine.config.max_num_seqs} (--max-num-seqs)", "n")
+        prompt_text = ""
+        if req.echo:  # the prompt as text: as it was sent, or its token ids decoded
+            prompt_text = req.prompt if isinstance(req.prompt, str) else await asyncio.to_thread(
+                tokenizer.decode, prompt, skip_special_tokens=params.skip_special_tokens)
         if req.max_tokens_is_rest:
             params = dataclasses.replace(params, max_new_tokens=max_len - len(prompt))
         elif len(prompt) + params.max_new_tokens > max_len:
@@ -231,8 +240,8 @@ def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None, defaul
                 first_event = first.result()
             except ValueError as err:
                 raise RequestError(400, str(err), param) from None
-            return StreamingResponse(sse(answer_id, model_name, req, len(prompt), first_event, events, history),
-                                     media_type="text/event-stream")
+            return StreamingResponse(sse(answer_id, model_name, req, prompt, prompt_text, first_event, events, history,
+                                         formatter), media_type="text/event-stream")
         future = llm.submit(prompt, params, request_id=answer_id)
         if not await until_done_or_gone(request, future):  # cancelling the future aborted the request
             history.count_abort()
@@ -244,7 +253,7 @@ def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None, defaul
         history.record(out)
         if out.finish_reason == "error":
             raise RequestError(500, f"the request failed in the engine: {out.error}", kind="server_error")
-        return whole(answer_id, model_name, out, chat)
+        return whole(answer_id, model_name, out, req, formatter, prompt_text)
 
     return app
 

@@ -8,7 +8,8 @@
     vLLM's       "prompt_logprobs": [null, {"<token id>": {"logprob", "rank", "decoded_token"}, ...}, ...]
 
 A token is named by its own decoded text (a byte-level token holding part of a character decodes to
-"\ufffd"; chat's `bytes` carry the text's UTF-8). A completions `top_logprobs` entry holds the N most
+"\ufffd"; chat's `bytes` carry the text's UTF-8; in a completions dict two tokens with one text share a
+key, which keeps the larger logprob). A completions `top_logprobs` entry holds the N most
 likely tokens and the chosen one, as OpenAI and vLLM give it (so N + 1 entries when the chosen token is
 not among the N). Values are the model's own log-softmax; -inf is written as -9999.0, as vLLM does, since
 JSON has no infinity.
@@ -55,8 +56,13 @@ class LogprobFormatter:
         return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
 
     def _top_dict(self, entry: TokenLogprob, num_top: int) -> dict[str, float]:
-        top = {self.text(token_id): _value(logprob) for token_id, logprob in entry.top[:num_top]}
-        top.setdefault(self.text(entry.token_id), _value(entry.logprob))
+        """{text: logprob} of the top tokens and the chosen one. Two tokens can share a text (bytes of an
+        unfinished character both read "\ufffd"): the key keeps the larger logprob, so the dict's largest
+        value is still the model's largest (what a harness's "was it greedy" check compares with)."""
+        top: dict[str, float] = {}
+        for token_id, logprob in (*entry.top[:num_top], (entry.token_id, entry.logprob)):
+            key = self.text(token_id)
+            top[key] = max(top.get(key, FLOOR), _value(logprob))
         return top
 
     def chat(self, entries: Sequence[TokenLogprob], num_top: int) -> dict:

@@ -59,7 +59,7 @@ class ServerMetrics:
     def record(self, out: RequestOutput) -> None:
         self.finished[out.finish_reason] = self.finished.get(out.finish_reason, 0) + 1
         self.prompt_tokens += len(out.prompt_token_ids)
-        self.generated_tokens += len(out.token_ids)
+        self.generated_tokens += sum(len(o.token_ids) for o in out.outputs)  # every sample's (n > 1)
         m = out.metrics
         if m.ttft is not None:
             self.ttft.observe(m.ttft)
@@ -76,14 +76,18 @@ class ServerMetrics:
             gauges |= {"kv_blocks_total": engine.pool.num_blocks,
                        "kv_blocks_used": engine.pool.num_blocks - engine.pool.num_free_blocks,
                        "kv_blocks_cached": len(engine.pool.evictable)}
-        if engine.prefix_cache_hit_rate is not None:
-            gauges["prefix_cache_hit_rate"] = engine.prefix_cache_hit_rate
+        if engine.prefix_cache_hit_rate is not None:  # first admissions only: a preempted request finding its
+            cache = engine.pool.cache  #                  own blocks again is counted apart (it shared nothing)
+            gauges |= {"prefix_cache_hit_rate": engine.prefix_cache_hit_rate,
+                       "prefix_cache_queried_tokens": cache.queried_tokens, "prefix_cache_hit_tokens": cache.hit_tokens,
+                       "prefix_cache_readmitted_queried_tokens": cache.readmitted_queried_tokens,
+                       "prefix_cache_readmitted_hit_tokens": cache.readmitted_hit_tokens}
         if engine.speculative_metrics is not None:
             gauges["speculative_acceptance_rate"] = engine.speculative_metrics["acceptance_rate"]
             gauges["speculative_tokens_per_pass"] = engine.speculative_metrics["tokens_per_pass"]
         lines = []
         for name, value in gauges.items():
-            kind = "counter" if name == "preemptions" else "gauge"
+            kind = "counter" if name == "preemptions" or name.endswith("_tokens") else "gauge"
             lines += [f"# TYPE minillm_{name}{'_total' if kind == 'counter' else ''} {kind}",
                       f"minillm_{name}{'_total' if kind == 'counter' else ''} {value}"]
         lines.append("# TYPE minillm_requests_total counter")

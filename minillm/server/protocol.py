@@ -11,16 +11,20 @@ Everything a body brings is checked here, before the engine sees it: a bad field
 **Field policy: we refuse rather than ignore**, so that a client never believes a parameter took
 effect when it did not. Every field an endpoint knows is in exactly one of these groups:
 
-    applied     the server or the engine acts on it                         APPLIED_*
-    not yet     the engine will apply it soon; until then it is accepted     NOT_YET_APPLIED
-                only at its neutral value ("n": 1, "logprobs": null, ...)
+    applied     the server or the engine acts on it: every sampling field    APPLIED_*
+                OpenAI and vLLM clients send (n, logprobs, echo, penalties,
+                logit_bias, min_p, min_tokens, stop_token_ids, ...)
+    not yet     accepted only at its neutral value until it is applied        NOT_YET_APPLIED, and
+                (today only vLLM's chat "echo")                               chat's "echo"
     later       structured outputs, tools and the like (a later chapter):    LATER_*
                 accepted only at its neutral value
     metadata    accepted, and it does not change what is generated           METADATA
 
-A neutral value is one that asks for nothing: `"logprobs": 0` is *not* neutral (it asks for the
-chosen token's logprob). Any other field is refused with a 400 naming it. Switching a "not yet"
-field on is moving its name from NOT_YET_APPLIED to the applied set and passing it to SamplingParams.
+A neutral value is one that asks for nothing. Any other field is refused with a 400 naming it.
+Ranges are vLLM's (minillm/sampling.py checks them again): n in [1, 128] (and at most the engine's
+max_num_seqs), logprobs and top_logprobs in [0, 20], penalties in [-2, 2] (repetition in (0, 2]),
+logit_bias values in [-100, 100] on token ids of the vocabulary. `max_tokens: 0` is allowed with
+`echo` only: the prompt and its logprobs come back, nothing is generated.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from minillm.sampling import SamplingParams, is_int
+from minillm.sampling import MAX_LOGIT_BIAS, MAX_LOGPROBS, SamplingParams, is_int
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_STOP_TOKEN_IDS = 1024  # each is compared with every new token: a bound keeps a step cheap
@@ -68,23 +72,11 @@ def _null_or_number(value: float) -> Neutral:
     return lambda v: v is None or (isinstance(v, int | float) and not isinstance(v, bool) and v == value)
 
 
-# field -> (its neutral values, in words; the test). The engine applies these soon: accepted only at neutral now.
-NOT_YET_APPLIED: dict[str, tuple[str, Neutral]] = {
-    "n": ("1", _null_or(1)),
-    "logprobs": ("null", _null_or()),  # chat: false too (below); 0 asks for the chosen token's logprob
-    "top_logprobs": ("null", _null_or()),
-    "echo": ("false", _null_or(False)),
-    "prompt_logprobs": ("null", _null_or()),
-    "presence_penalty": ("0", _null_or_number(0)),
-    "frequency_penalty": ("0", _null_or_number(0)),
-    "repetition_penalty": ("1", _null_or_number(1)),
-    "min_p": ("0", _null_or_number(0)),
-    "min_tokens": ("0", _null_or(0)),
-    "logit_bias": ("null or {}", _null_or({})),
-    "include_stop_str_in_output": ("false", _null_or(False)),
-    "skip_special_tokens": ("true", _null_or(True)),
-}
-_CHAT_NOT_YET = NOT_YET_APPLIED | {"logprobs": ("false", _null_or(False))}
+# field -> (its neutral values, in words; the test). Fields the engine does not apply yet would go here:
+# accepted only at their neutral value until they are. Every sampling field clients send is applied now.
+NOT_YET_APPLIED: dict[str, tuple[str, Neutral]] = {}
+# vLLM's chat "echo" (prepend the last message to the answer) is not applied: accepted only when false
+_CHAT_NOT_YET = NOT_YET_APPLIED | {"echo": ("false", _null_or(False))}
 
 # structured outputs, tools, other modalities: a later chapter. Accepted only at neutral.
 LATER_BOTH: dict[str, tuple[str, Neutral]] = {
@@ -121,10 +113,14 @@ METADATA: dict[str, type | tuple[type, ...]] = {
     "prompt_cache_key": str,
 }
 
-_SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "ignore_eos",
-             "stream", "stream_options", "add_special_tokens"}
-APPLIED_COMPLETIONS = _SAMPLING | {"prompt"}
-APPLIED_CHAT = _SAMPLING | {"messages", "max_completion_tokens", "add_generation_prompt", "continue_final_message"}
+_SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
+             "ignore_eos", "stream", "stream_options", "add_special_tokens", "n", "presence_penalty",
+             "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens", "include_stop_str_in_output",
+             "skip_special_tokens", "prompt_logprobs", "logprobs"}
+APPLIED_COMPLETIONS = _SAMPLING | {"prompt", "echo"}
+APPLIED_CHAT = _SAMPLING | {"messages", "max_completion_tokens", "add_generation_prompt", "continue_final_message",
+                            "top_logprobs"}
+MAX_N = 128  # samples per request (the engine also needs a batch slot for each: max_num_seqs)
 APPLIED_TOKENIZE = {"model", "prompt", "add_special_tokens", "return_token_strs"}
 APPLIED_TOKENIZE_CHAT = {"model", "messages", "add_special_tokens", "return_token_strs", "add_generation_prompt",
                          "continue_final_message"}
@@ -143,7 +139,8 @@ def check_fields(body: dict, applied: set[str], neutral_only: dict[str, tuple[st
                    "know rather than ignore them", str(unknown[0]))
     for name, (words, is_neutral) in neutral_only.items():
         if name in body and not is_neutral(body[name]):
-            why = " yet" if name in NOT_YET_APPLIED else " (structured outputs and tools come in a later chapter)"
+            why = " yet" if name in NOT_YET_APPLIED or name == "echo" else \
+                " (structured outputs and tools come in a later chapter)"
             raise _bad(f"{name} is not supported by this server{why}: {name} must be {words} or left out, got "
                        f"{_short(body[name])}", name)
     for name, kind in metadata.items():
@@ -211,6 +208,40 @@ def _token_ids(body: dict, name: str, vocab_size: int | None, most: int | None =
         if not is_int(token) or token < 0 or (vocab_size is not None and token >= vocab_size):
             raise _bad(f"{name}[{i}] must be a token id in {bound}, got {_short(token)}", name)
     return [int(t) for t in ids]
+
+
+def _logit_bias(body: dict, vocab_size: int | None) -> dict[int, float]:
+    """OpenAI's logit_bias: {"<token id>": bias in [-100, 100]} (JSON keys are strings)."""
+    bias = body.get("logit_bias")
+    if bias is None:
+        return {}
+    if not isinstance(bias, dict):
+        raise _bad(f"logit_bias must be an object mapping token ids to numbers, got {_short(bias)}", "logit_bias")
+    checked = {}
+    bound = f"[0, {vocab_size})" if vocab_size is not None else ">= 0"
+    for key, value in bias.items():
+        token = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() else None
+        if token is None or (vocab_size is not None and token >= vocab_size):
+            raise _bad(f"logit_bias key {_short(key)} must be a token id in {bound}", "logit_bias")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+                or not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
+            raise _bad(f"logit_bias[{key!r}] must be a number in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], got "
+                       f"{_short(value)}", "logit_bias")
+        checked[token] = float(value)
+    return checked
+
+
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """How many alternatives per generated token to report (None: no logprobs). Completions: `logprobs`
+    is that number (0: the chosen token's alone); chat: `logprobs` is true or false, `top_logprobs` the
+    number (it needs logprobs: true)."""
+    if not chat:
+        return _integer(body, "logprobs", None, 0, MAX_LOGPROBS)
+    wanted = _flag(body, "logprobs")
+    top = _integer(body, "top_logprobs", None, 0, MAX_LOGPROBS)
+    if top is not None and not wanted:
+        raise _bad("top_logprobs needs logprobs: true", "top_logprobs")
+    return (top or 0) if wanted else None
 
 
 def _stream_options(body: dict, stream: bool) -> tuple[bool, bool]:
@@ -369,6 +400,10 @@ class GenerationRequest:
     add_generation_prompt: bool = True  # chat
     continue_final_message: bool = False  # chat
     max_tokens_is_rest: bool = False  # chat without max_tokens: the rest of the context, once the prompt is known
+    echo: bool = False  # completions: the prompt comes back before the answer (with logprobs, its tokens' too)
+    logprobs: int | None = None  # alternatives per token to report; None: no logprobs
+    prompt_only: bool = False  # max_tokens 0 with echo: the prompt (and its logprobs) and no answer
+    prompt_logprobs: int | None = None  # vLLM's field, as asked: the answer then carries "prompt_logprobs"
 
 
 def parse(body: object, chat: bool, default_max_tokens: int, vocab_size: int | None = None,
@@ -388,20 +423,48 @@ def parse(body: object, chat: bool, default_max_tokens: int, vocab_size: int | N
     top_k = _integer(body, "top_k", None, -1)
     max_tokens = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     rest = chat and body.get(max_tokens) is None
+    echo = not chat and _flag(body, "echo")
+    # max_tokens 0 asks for nothing new: only with echo (the prompt's logprobs, as evaluation harnesses ask)
+    count = 1 if rest else _integer(body, max_tokens, default_max_tokens, 0 if echo else 1)
     stop_token_ids = _token_ids(body, "stop_token_ids", vocab_size, MAX_STOP_TOKEN_IDS) \
         if body.get("stop_token_ids") is not None else []
+    logprobs = _logprobs(body, chat)
+    asked_prompt_logprobs = prompt_logprobs = _integer(body, "prompt_logprobs", None, 0, MAX_LOGPROBS)
+    if echo and logprobs is not None:  # the echoed prompt's tokens come with their logprobs
+        prompt_logprobs = max(logprobs, prompt_logprobs or 0)
+    min_tokens = _integer(body, "min_tokens", 0, 0)
+    if min_tokens > max(count, 1) and not rest:
+        raise _bad(f"min_tokens={min_tokens} is more than max_tokens={count}", "min_tokens")
     try:
-        params = SamplingParams(temperature=temperature, top_p=top_p, top_k=None if top_k in (None, -1, 0) else top_k,
-                                max_new_tokens=1 if rest else _integer(body, max_tokens, default_max_tokens, 1),
-                                seed=_integer(body, "seed", None, 0, 2**63 - 1), stop=_stop(body),
-                                stop_token_ids=tuple(stop_token_ids), ignore_eos=_flag(body, "ignore_eos"))
+        params = SamplingParams(
+            temperature=temperature, top_p=top_p, top_k=None if top_k in (None, -1, 0) else top_k,
+            min_p=_number(body, "min_p", 0.0, 0.0, 1.0), max_new_tokens=max(count, 1), min_tokens=min_tokens,
+            seed=_integer(body, "seed", None, 0, 2**63 - 1), stop=_stop(body), stop_token_ids=tuple(stop_token_ids),
+            ignore_eos=_flag(body, "ignore_eos"), n=_integer(body, "n", 1, 1, MAX_N),
+            presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
+            frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+            repetition_penalty=_repetition_penalty(body), logit_bias=_logit_bias(body, vocab_size),
+            logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+            include_stop_str_in_output=_flag(body, "include_stop_str_in_output"),
+            skip_special_tokens=_flag(body, "skip_special_tokens", default=True))
     except ValueError as err:  # the engine's own checks, for anything the lines above let through
         raise _bad(str(err), None) from None
     special = _flag(body, "add_special_tokens") if body.get("add_special_tokens") is not None else None
     add_generation_prompt, continue_final_message = _template_flags(body) if chat else (True, False)
     return GenerationRequest(model, None if chat else _prompt(body, max_model_len), _messages(body) if chat else None,
                              params, stream, include_usage, continuous_usage, special, add_generation_prompt,
-                             continue_final_message, rest)
+                             continue_final_message, rest, echo, logprobs, count == 0, asked_prompt_logprobs)
+
+
+def _repetition_penalty(body: dict) -> float:
+    value = body.get("repetition_penalty")
+    if value is None:
+        return 1.0
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+            or not 0 < value <= 2:
+        raise _bad(f"repetition_penalty must be a number in (0, 2] (1 = none), got {_short(value)}",
+                   "repetition_penalty")
+    return float(value)
 
 
 @dataclass(frozen=True)

@@ -3,13 +3,19 @@
     {"id", "object": "text_completion" | "chat.completion", "created", "model", "choices": [...], "usage"}
     {"id", "object": "text_completion" | "chat.completion.chunk", ..., "choices": [one delta]}   streamed
     {..., "choices": [], "usage": {...}}        the last chunk, only when stream_options.include_usage
+
+One choice per sample (`n`), each with its `index`. Completions with `echo` give the prompt back
+before the answer (with `logprobs`, its tokens' too, the first one's null); with `max_tokens: 0` the
+prompt alone. Logprobs are written by minillm/server/logprob_format.py.
 """
 
 from __future__ import annotations
 
 import time
 
-from minillm.engine import RequestOutput
+from minillm.engine import CompletionOutput, RequestOutput
+from minillm.server.logprob_format import LogprobFormatter
+from minillm.server.protocol import GenerationRequest
 
 FINISH = {"stop": "stop", "length": "length", "abort": "abort", "error": "error"}
 
@@ -19,27 +25,56 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def whole(answer_id: str, model: str, out: RequestOutput, chat: bool) -> dict:
+def completion_tokens(out: RequestOutput, req: GenerationRequest) -> int:
+    """Tokens generated for the answer, every sample counted (none when only the prompt was asked for)."""
+    return 0 if req.prompt_only else sum(len(o.token_ids) for o in out.outputs)
+
+
+def whole(answer_id: str, model: str, out: RequestOutput, req: GenerationRequest, formatter: LogprobFormatter,
+          prompt_text: str) -> dict:
     """The answer to a request that did not stream."""
-    if chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": out.text},
-                  "finish_reason": FINISH[out.finish_reason], "logprobs": None}
-    else:
-        choice = {"index": 0, "text": out.text, "finish_reason": FINISH[out.finish_reason], "logprobs": None}
-    return {"id": answer_id, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-            "model": model, "choices": [choice],
-            "usage": usage(len(out.prompt_token_ids), len(out.token_ids))}
+    chat = req.messages is not None
+    choices = [_chat_choice(o, req, formatter) if chat else _completion_choice(o, out, req, formatter, prompt_text)
+               for o in out.outputs]
+    body = {"id": answer_id, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+            "model": model, "choices": choices,
+            "usage": usage(len(out.prompt_token_ids), completion_tokens(out, req))}
+    if chat and req.prompt_logprobs is not None:  # vLLM puts a chat's beside its choices
+        body["prompt_logprobs"] = formatter.prompt_logprobs(out.prompt_token_ids, out.prompt_logprobs)
+    return body
+
+
+def _completion_choice(sample: CompletionOutput, out: RequestOutput, req: GenerationRequest,
+                       formatter: LogprobFormatter, prompt_text: str) -> dict:
+    token_ids = [] if req.prompt_only else list(sample.token_ids)
+    entries = [] if req.prompt_only else list(sample.logprobs or ())
+    if req.echo:
+        token_ids, entries = out.prompt_token_ids + token_ids, list(out.prompt_logprobs or ()) + entries
+    text = (prompt_text if req.echo else "") + ("" if req.prompt_only else sample.text)
+    logprobs = formatter.completion(token_ids, entries, req.logprobs) if req.logprobs is not None else None
+    choice = {"index": sample.index, "text": text, "logprobs": logprobs,
+              "finish_reason": "length" if req.prompt_only else FINISH[sample.finish_reason]}
+    if req.prompt_logprobs is not None:
+        choice["prompt_logprobs"] = formatter.prompt_logprobs(out.prompt_token_ids, out.prompt_logprobs)
+    return choice
+
+
+def _chat_choice(sample: CompletionOutput, req: GenerationRequest, formatter: LogprobFormatter) -> dict:
+    logprobs = formatter.chat(sample.logprobs or (), req.logprobs) if req.logprobs is not None else None
+    return {"index": sample.index, "message": {"role": "assistant", "content": sample.text}, "logprobs": logprobs,
+            "finish_reason": FINISH[sample.finish_reason]}
 
 
 def chunk(answer_id: str, model: str, chat: bool, text: str | None, finish: str | None, role: bool = False,
-          counts: dict | None = None) -> dict:
-    """One streamed chunk: a piece of text (chat: a delta, the first one with the role), or the finish
-    reason; with `counts`, the usage so far (vLLM's continuous_usage_stats)."""
+          counts: dict | None = None, index: int = 0, logprobs: dict | None = None) -> dict:
+    """One streamed chunk of sample `index`: a piece of text (chat: a delta, the first one with the
+    role) and its tokens' logprobs, or the finish reason; with `counts`, the usage so far (vLLM's
+    continuous_usage_stats)."""
     if chat:
         delta = ({"role": "assistant"} if role else {}) | ({"content": text} if text is not None else {})
-        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
     else:
-        choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+        choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
     body = {"id": answer_id, "object": "chat.completion.chunk" if chat else "text_completion",
             "created": int(time.time()), "model": model, "choices": [choice]}
     return body | ({"usage": counts} if counts is not None else {})

@@ -1,8 +1,10 @@
 """A request's answer as server-sent events (chapter 9), as OpenAI streams it.
 
-    data: {chunk: the role}                      chat only: {"delta": {"role": "assistant", "content": ""}}
-    data: {chunk: a piece of text}               one per piece the engine produced
-    data: {chunk: finish_reason}
+    data: {chunk: the role}                      chat only, once per sample: {"delta": {"role": "assistant", ...}}
+    data: {chunk: the prompt}                    completions with echo, once per sample
+    data: {chunk: a piece of text}               one per step that gave a sample text (or, with logprobs,
+                                                 tokens whose text is still held back), with its "index"
+    data: {chunk: finish_reason}                 once per sample, when it ends
     data: {"choices": [], "usage": {...}}        only when stream_options.include_usage is true
     data: [DONE]
 
@@ -15,42 +17,75 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 
+from minillm.async_engine import StreamEvent
+from minillm.server.logprob_format import LogprobFormatter
 from minillm.server.metrics import ServerMetrics
 from minillm.server.protocol import GenerationRequest
-from minillm.server.responses import FINISH, chunk, usage, usage_chunk
+from minillm.server.responses import FINISH, chunk, completion_tokens, usage, usage_chunk
 
 
-async def sse(answer_id: str, model: str, req: GenerationRequest, num_prompt_tokens: int, first: tuple,
-              events: AsyncIterator, history: ServerMetrics) -> AsyncIterator[str]:
+async def sse(answer_id: str, model: str, req: GenerationRequest, prompt_ids: list[int], prompt_text: str,
+              first: StreamEvent, events: AsyncIterator[StreamEvent], history: ServerMetrics,
+              formatter: LogprobFormatter) -> AsyncIterator[str]:
     """The events of one streamed request: `first` is the event already taken from `events`
-    (AsyncLLM.stream_events' (delta, tokens so far, output or None) items)."""
+    (AsyncLLM.stream_events)."""
     chat = req.messages is not None
+    samples = range(req.params.n)
+    text_so_far = dict.fromkeys(samples, 0)  # characters each sample has streamed (text offsets count from them)
+    finished: set[int] = set()
 
     def event(data: dict) -> str:
         return f"data: {json.dumps(data)}\n\n"
 
     def so_far(generated: int) -> dict | None:
-        return usage(num_prompt_tokens, generated) if req.continuous_usage else None
+        return usage(len(prompt_ids), 0 if req.prompt_only else generated) if req.continuous_usage else None
+
+    def logprobs(index: int, e: StreamEvent) -> dict | None:
+        if req.logprobs is None:
+            return None
+        if chat:
+            return formatter.chat(e.logprobs, req.logprobs)
+        return formatter.completion(e.token_ids, e.logprobs, req.logprobs, text_offset=text_so_far[index])
 
     recorded = False
     try:
-        if chat:
-            yield event(chunk(answer_id, model, chat, "", None, role=True, counts=so_far(0)))
-        delta, generated, out = first
-        while True:
-            if out is not None:
-                history.record(out)
-                recorded = True
-                generated = len(out.token_ids)
-                yield event(chunk(answer_id, model, chat, None if chat else "", FINISH[out.finish_reason],
-                                  counts=so_far(generated)))
-                if req.include_usage:
-                    yield event(usage_chunk(answer_id, model, chat, usage(num_prompt_tokens, generated)))
-                yield "data: [DONE]\n\n"
-                return
-            if delta:
-                yield event(chunk(answer_id, model, chat, delta, None, counts=so_far(generated)))
-            delta, generated, out = await anext(events)
+        entries = first.prompt_logprobs or (first.output.prompt_logprobs if first.output is not None else None)
+        for i in samples:
+            if chat:
+                yield event(chunk(answer_id, model, chat, "", None, role=True, counts=so_far(0), index=i))
+            elif req.echo:  # the prompt first, as the answer's beginning (its logprobs are known by now)
+                prompt_logprobs = None
+                if req.logprobs is not None:
+                    given = list(entries or ())
+                    prompt_logprobs = formatter.completion(prompt_ids, given + [None] * (len(prompt_ids) - len(given)),
+                                                           req.logprobs)
+                yield event(chunk(answer_id, model, chat, prompt_text, None, counts=so_far(0), index=i,
+                                  logprobs=prompt_logprobs))
+                text_so_far[i] = len(prompt_text)
+        e = first
+        while e.output is None:
+            if not req.prompt_only and (e.delta or (e.token_ids and req.logprobs is not None)):
+                yield event(chunk(answer_id, model, chat, e.delta if (e.delta or not chat) else None, None,
+                                  counts=so_far(e.generated), index=e.index, logprobs=logprobs(e.index, e)))
+                text_so_far[e.index] += len(e.delta)
+            if e.finish_reason is not None:
+                finished.add(e.index)
+                reason = "length" if req.prompt_only else FINISH[e.finish_reason]
+                yield event(chunk(answer_id, model, chat, None if chat else "", reason, counts=so_far(e.generated),
+                                  index=e.index))
+            e = await anext(events)
+        out = e.output
+        history.record(out)
+        recorded = True
+        generated = completion_tokens(out, req)
+        for sample in out.outputs:  # the samples that ended without a step saying so (abort, error)
+            if sample.index not in finished:
+                reason = "length" if req.prompt_only else FINISH[sample.finish_reason]
+                yield event(chunk(answer_id, model, chat, None if chat else "", reason, counts=so_far(generated),
+                                  index=sample.index))
+        if req.include_usage:
+            yield event(usage_chunk(answer_id, model, chat, usage(len(prompt_ids), generated)))
+        yield "data: [DONE]\n\n"
     finally:
         await events.aclose()  # a client gone mid-stream: the request is aborted there
         if not recorded:
