@@ -128,7 +128,10 @@ def _add_serve(commands) -> None:
                                                                  "'minillm-target')")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     serve.add_argument("--port", type=_ranged(int, 0, 65535), default=8000, help="port (default 8000)")
-    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/ routes")
+    serve.add_argument("--api-key", default=None,
+                       help="require 'Authorization: Bearer KEY' on every route but /health and /metrics")
+    serve.add_argument("--allowed-origins", nargs="+", default=None, metavar="ORIGIN",
+                       help="let browser pages from these origins call the API (CORS; '*' for any); off by default")
     serve.add_argument("--default-max-tokens", type=_ranged(int, 1), default=16,
                        help="max_tokens when a request gives none")
     engine = serve.add_argument_group("engine (chapters 2-8)")
@@ -185,7 +188,8 @@ def serve(args) -> int:
             print(f"minillm: error: {err}", file=sys.stderr)
             return USAGE_ERROR
         name = args.served_model_name or args.model or "minillm-target"
-        app = build_app(llm, name, api_key=args.api_key, default_max_tokens=args.default_max_tokens)
+        app = build_app(llm, name, api_key=args.api_key, default_max_tokens=args.default_max_tokens,
+                        cors_origins=args.allowed_origins)
         host, port = sock.getsockname()[:2]
         url = f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
         _run_server(app, sock, f"serving {name!r} on {url} (OpenAI-compatible; Ctrl-C stops)")

@@ -135,7 +135,8 @@ def test_serve_answers_openai_requests_on_loopback(tmp_path):
     import httpx
 
     server = subprocess.Popen([sys.executable, "-m", "minillm", "serve", "--port", "0", "--prefix-cache",
-                               "--max-num-seqs", "4", "--max-model-len", "256"], stdout=subprocess.PIPE,
+                               "--max-num-seqs", "4", "--max-model-len", "256", "--allowed-origins",
+                               "http://lab.example"], stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
     watchdog = threading.Timer(120, server.kill)  # a server that never announces must not hang the suite
     watchdog.start()
@@ -153,6 +154,9 @@ def test_serve_answers_openai_requests_on_loopback(tmp_path):
                                                           "max_tokens": 4, "temperature": 0}, timeout=30).json()
         assert answer["choices"][0]["text"].strip().startswith("2"), answer
         assert answer["usage"]["completion_tokens"] == 4 or answer["choices"][0]["finish_reason"] == "stop"
+        preflight = httpx.options(url + "/v1/completions", headers={"Origin": "http://lab.example",
+                                                                    "Access-Control-Request-Method": "POST"})
+        assert preflight.headers.get("access-control-allow-origin") == "http://lab.example"  # --allowed-origins
     finally:
         watchdog.cancel()
         server.terminate()
