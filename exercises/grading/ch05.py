@@ -1,6 +1,7 @@
 """Chapter 5's cases: `ch05.block_keys` (chained block keys), `ch05.evict` (LRU eviction of cached
-blocks) and `ch05.reusable_blocks` (which cached blocks a request may reuse, with a hash that may
-collide)."""
+blocks), `ch05.reusable_blocks` (which cached blocks a request may reuse, with a hash that may
+collide) and `ch05.copy_on_write` (n samples of one prompt: fork, and copy a shared block on its
+first write)."""
 
 from __future__ import annotations
 
@@ -370,3 +371,223 @@ def matches_the_engines_prefix_cache_with_colliding_hashes(fn: Callable) -> None
             pool.allocate(str(r), len(tokens), hit)
             pool.cache_full_blocks(str(r), tokens, len(tokens))
             pool.free(str(r))
+
+
+# ----------------------------------------------------------------------------- ch05.copy_on_write
+
+cow = exercise("ch05.copy_on_write", "ch05_copy_on_write", "ForkingAllocator")
+
+
+class _Forking(Story):
+    """A ForkingAllocator of the learner's, and the calls made on it."""
+
+    def __init__(self, cls: Any, num_blocks: int, block_size: int):
+        super().__init__("ForkingAllocator", cls, num_blocks=num_blocks, block_size=block_size)
+
+    def write(self, want: list[tuple[int, int]], seq: str, start: int, end: int, why: str) -> None:
+        """prepare_write(seq, start, end) must return the pairs `want` (lists of two count as pairs)."""
+        self.story += f", prepare_write({seq!r}, {start}, {end})"
+        expected = f"it to return {want!r} ({why})"
+        got = call(self.story, expected, lambda: self.impl.prepare_write(seq, start, end))
+        pairs = [tuple(p) for p in got] if isinstance(got, list) and all(
+            isinstance(p, tuple | list) and len(p) == 2 for p in got) else None
+        expect(pairs == want, self.story, expected, repr(got))
+
+    def expect_state(self, free_queue: list[int], ref_counts: list[int], tables: dict[str, list[int]],
+                     why: str) -> None:
+        got = call(f"after {self.story}", "attributes free_queue, ref_counts and tables", lambda: (
+            list(self.impl.free_queue), list(self.impl.ref_counts),
+            {seq: list(table) for seq, table in self.impl.tables.items()}))
+        show = lambda q, r, t: f"free_queue {q}, ref_counts {r}, tables {t}"  # noqa: E731
+        expect(got == (free_queue, ref_counts, tables), f"after {self.story}",
+               f"{show(free_queue, ref_counts, tables)} ({why})", show(*got))
+
+
+def _forked(cls: Any, num_blocks: int = 6, prompt: int = 10) -> _Forking:
+    """A holds a prompt of `prompt` tokens (blocks of 4), and B was forked from it."""
+    a = _Forking(cls, num_blocks, 4)
+    a.do(list(range(-(-prompt // 4))), "allocate", "A", prompt)
+    a.do(list(range(-(-prompt // 4))), "fork", "A", "B")
+    return a
+
+
+@cow.case
+def fork_shares_every_block_and_takes_none(cls: type) -> None:
+    """fork takes no block: the child's table holds the parent's blocks, each with one more holder."""
+    a = _forked(cls)
+    a.expect_state([3, 4, 5], [2, 2, 2, 0, 0, 0], {"A": [0, 1, 2], "B": [0, 1, 2]},
+                   "B shares A's three blocks; nothing is copied until someone writes")
+    a.do([0, 1, 2], "fork", "A", "C")
+    a.expect_state([3, 4, 5], [3, 3, 3, 0, 0, 0], {"A": [0, 1, 2], "B": [0, 1, 2], "C": [0, 1, 2]},
+                   "a third sample: three holders per block")
+
+
+@cow.case
+def the_first_write_into_a_shared_block_copies_it(cls: type) -> None:
+    """The first write into a block another sequence holds copies it."""
+    a = _forked(cls)
+    a.write([(2, 3)], "A", 10, 11, "position 10 is in block 2, which B holds too: A gets block 3 in its place")
+    a.expect_state([4, 5], [2, 2, 1, 1, 0, 0], {"A": [0, 1, 3], "B": [0, 1, 2]},
+                   "B keeps block 2 untouched; A holds its copy, block 3")
+
+
+@cow.case
+def a_copy_lets_go_of_the_shared_block(cls: type) -> None:
+    """A copy lets go of the shared block: its count falls by one, and the last holder's free returns it."""
+    a = _forked(cls)
+    a.write([(2, 3)], "A", 10, 11, "A copies block 2")
+    a.do(None, "free", "B")
+    a.expect_state([4, 5, 2], [1, 1, 0, 1, 0, 0], {"A": [0, 1, 3]},
+                   "after the copy, B was block 2's only holder: its free returns block 2")
+
+
+@cow.case
+def the_last_holder_writes_in_place(cls: type) -> None:
+    """The last holder of a block writes in place: no copy when nobody else holds it."""
+    a = _forked(cls)
+    a.write([(2, 3)], "A", 10, 11, "A copies block 2")
+    a.write([], "B", 10, 11, "B is now block 2's only holder")
+    a.expect_state([4, 5], [2, 2, 1, 1, 0, 0], {"A": [0, 1, 3], "B": [0, 1, 2]}, "B wrote into block 2 in place")
+    a.write([], "A", 11, 12, "block 3 is A's own")
+    solo = _Forking(cls, 4, 4)
+    solo.do([0, 1], "allocate", "S", 5)
+    solo.write([], "S", 5, 6, "nobody ever shared S's blocks")
+
+
+@cow.case
+def only_the_blocks_the_write_touches_are_copied(cls: type) -> None:
+    """Only the blocks the write touches are copied: full blocks before it stay shared."""
+    a = _forked(cls, num_blocks=8, prompt=10)
+    a.write([(2, 3)], "A", 10, 11, "blocks 0 and 1 are full: nobody writes into them again, they stay shared")
+    a.expect_state([4, 5, 6, 7], [2, 2, 1, 1, 0, 0, 0, 0], {"A": [0, 1, 3], "B": [0, 1, 2]},
+                   "blocks 0 and 1 keep both holders")
+    b = _forked(cls, num_blocks=8, prompt=12)
+    b.write([(1, 3), (2, 4)], "A", 6, 12, "positions 6-11 touch blocks 1 and 2 (table indices 1 and 2), not 0")
+
+
+@cow.case
+def a_write_into_a_fresh_block_copies_nothing(cls: type) -> None:
+    """A prompt that ends on a block boundary: the next token goes into a fresh block, and nothing is copied."""
+    a = _forked(cls, num_blocks=6, prompt=8)
+    a.write([], "A", 8, 9, "position 8 starts a new block: A grows by block 2, its own")
+    a.write([], "B", 8, 9, "B grows by block 3")
+    a.expect_state([4, 5], [2, 2, 1, 1, 0, 0], {"A": [0, 1, 2], "B": [0, 1, 3]}, "blocks 0 and 1 stay shared")
+
+
+@cow.case
+def a_write_grows_the_table_first_then_copies(cls: type) -> None:
+    """A write grows the table first, then copies, in table order."""
+    a = _forked(cls, num_blocks=8, prompt=10)
+    a.write([(2, 4)], "A", 10, 14, "positions 10-13 need block index 3: block 3 is taken to grow, then "
+            "block 4 for the copy of the shared block 2")
+    a.expect_state([5, 6, 7], [2, 2, 1, 1, 1, 0, 0, 0], {"A": [0, 1, 4, 3], "B": [0, 1, 2]},
+                   "A's table: the copy in block 2's place, the new block at the end")
+
+
+@cow.case
+def three_samples_copy_the_partial_block_twice(cls: type) -> None:
+    """Three samples of one prompt: the partial block is copied once per sample but the last, and free returns all."""
+    a = _Forking(cls, 8, 4)
+    a.do([0, 1, 2], "allocate", "q", 10)
+    a.do([0, 1, 2], "fork", "q", "q#1")
+    a.do([0, 1, 2], "fork", "q", "q#2")
+    a.write([(2, 3)], "q", 10, 11, "three hold block 2")
+    a.write([(2, 4)], "q#1", 10, 11, "two still hold block 2")
+    a.write([], "q#2", 10, 11, "q#2 is block 2's last holder")
+    a.expect_state([5, 6, 7], [3, 3, 1, 1, 1, 0, 0, 0], {"q": [0, 1, 3], "q#1": [0, 1, 4], "q#2": [0, 1, 2]},
+                   "blocks 0 and 1 shared by all three, one partial block each")
+    for seq in ("q", "q#1", "q#2"):
+        a.write([], seq, 11, 12, "block index 2 is the writer's own now")
+    for seq in ("q", "q#1", "q#2"):
+        a.write([], seq, 12, 13, "position 12 starts a new block, taken from the free queue")
+    a.expect_state([], [3, 3, 1, 1, 1, 1, 1, 1], {"q": [0, 1, 3, 5], "q#1": [0, 1, 4, 6], "q#2": [0, 1, 2, 7]},
+                   "blocks 5, 6 and 7 grew the three tables")
+    for seq in ("q", "q#1", "q#2"):
+        a.do(None, "free", seq)
+    a.expect_state([3, 5, 4, 6, 0, 1, 2, 7], [0] * 8, {},
+                   "all three done: blocks 0 and 1 return with their last holder, none lost")
+
+
+@cow.case
+def a_write_that_runs_out_raises_memory_error_and_changes_nothing(cls: type) -> None:
+    """A write the free queue cannot supply (new blocks and copies together) raises MemoryError and changes nothing."""
+    a = _forked(cls, num_blocks=3, prompt=10)
+    a.fails(MemoryError, "prepare_write", "A", 10, 11)
+    a.expect_state([], [2, 2, 2], {"A": [0, 1, 2], "B": [0, 1, 2]}, "no free block for the copy of block 2")
+    b = _forked(cls, num_blocks=4, prompt=10)
+    b.fails(MemoryError, "prepare_write", "A", 10, 13)
+    b.expect_state([3], [2, 2, 2, 0], {"A": [0, 1, 2], "B": [0, 1, 2]},
+                   "one block is free, the write needs two: one to grow, one to copy block 2")
+    b.write([(2, 3)], "A", 10, 11, "one block is enough for this one")
+
+
+@cow.case
+def fork_of_an_unknown_parent_or_into_an_existing_sequence_raises_value_error(cls: type) -> None:
+    """fork of a sequence without a table, or into one that has a table, raises ValueError and changes nothing."""
+    a = _Forking(cls, 4, 4)
+    a.do([0, 1], "allocate", "A", 5)
+    a.fails(ValueError, "fork", "nobody", "B")
+    a.do([2], "allocate", "C", 1)
+    a.fails(ValueError, "fork", "A", "C")
+    a.expect_state([3], [1, 1, 1, 0], {"A": [0, 1], "C": [2]}, "errors change nothing")
+    a.fails(ValueError, "prepare_write", "nobody", 0, 1)
+
+
+@cow.case
+def a_forked_table_is_the_childs_own_list(cls: type) -> None:
+    """A forked table is the child's own list: a copy in one sequence's table never changes another's."""
+    a = _forked(cls)
+    a.write([(2, 3)], "B", 10, 11, "B writes first this time")
+    a.expect_state([4, 5], [2, 2, 1, 1, 0, 0], {"A": [0, 1, 2], "B": [0, 1, 3]}, "A's table is untouched")
+    a.story += ", fork('A', 'C')"
+    got = call(a.story, "it to return [0, 1, 2]", lambda: a.impl.fork("A", "C"))
+    expect(isinstance(got, list) and got == [0, 1, 2], a.story, "it to return [0, 1, 2]", repr(got))
+    got.append(99)  # the caller's list: changing it must not change the allocator's tables
+    a.story += " (its result appended 99)"
+    a.expect_state([4, 5], [3, 3, 2, 1, 0, 0], {"A": [0, 1, 2], "B": [0, 1, 3], "C": [0, 1, 2]},
+                   "fork returns a copy of the table; appending to it changes no table")
+
+
+@cow.case
+def forks_and_writes_match_the_engines_block_pool(cls: type) -> None:
+    """Matches minillm's BlockPool (fork, prepare_write) on random samples of random prompts."""
+    from minillm.kv.block_pool import BlockPool, OutOfBlocks
+
+    rng = random.Random(7)
+    for _ in range(30):
+        num_blocks, block_size = rng.randint(6, 16), rng.choice([2, 3, 4])
+        pool, a = BlockPool(num_blocks, block_size), _Forking(cls, num_blocks, block_size)
+        lengths: dict[str, int] = {}  # tokens each sequence holds
+        for step in range(25):
+            few = len(lengths) < 3  # a new prompt now and then; mostly forks and writes
+            op = rng.choice(["allocate"] * few + ["fork"] * 2 + ["write"] * 3 + ["free"] if lengths else ["allocate"])
+            if op == "allocate":
+                seq, tokens = f"s{step}", rng.randint(1, 3 * block_size)
+                try:
+                    want = pool.allocate(seq, tokens)
+                except OutOfBlocks:
+                    a.fails(MemoryError, "allocate", seq, tokens)
+                else:
+                    a.do(want, "allocate", seq, tokens)
+                    lengths[seq] = tokens
+            elif op == "fork":
+                parent, child = rng.choice(sorted(lengths)), f"s{step}"
+                a.do(pool.fork(parent, child), "fork", parent, child)
+                lengths[child] = lengths[parent]
+            elif op == "write":
+                seq = rng.choice(sorted(lengths))
+                start, end = lengths[seq], lengths[seq] + rng.choice([1, 1, 1, 2, block_size + 1])
+                try:
+                    want = pool.prepare_write(seq, start, end)
+                except OutOfBlocks:
+                    a.fails(MemoryError, "prepare_write", seq, start, end)
+                else:
+                    a.write(want, seq, start, end, "what minillm's BlockPool copies")
+                    lengths[seq] = end
+            else:
+                seq = rng.choice(sorted(lengths))
+                pool.free(seq)
+                a.do(None, "free", seq)
+                del lengths[seq]
+            a.expect_state(list(pool.free_queue), list(pool.ref_counts),
+                           {seq: pool.block_table(seq) for seq in pool.tables}, "as minillm's BlockPool")

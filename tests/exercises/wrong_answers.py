@@ -11,6 +11,7 @@ import torch
 
 from minillm.attention import ContiguousKVCache
 from solutions.ch04_block_allocator import BlockAllocator
+from solutions.ch05_copy_on_write import ForkingAllocator
 from solutions.ch05_evicting_allocator import EvictingAllocator
 
 WRONG: list[tuple[str, Any, str]] = []  # (exercise, wrong implementation, substring of a FAIL line)
@@ -1170,3 +1171,94 @@ def diagnose_with_a_number_in_quotes(dashboard):
     if "num_blocks" in answer["fix"]:
         answer["fix"] = {"num_blocks": str(answer["fix"]["num_blocks"])}  # WRONG: a string, not an integer
     return answer
+
+
+# ----------------------------------------------------------------------------- ch05.copy_on_write
+
+
+def _cow_write(self, seq, start, end, *, first=None, last_holder_copies=False, release=True, grow_first=True,
+               check_copies=True):
+    """prepare_write with one learner mistake switched on (the solution when every flag is left alone)."""
+    if seq not in self.tables:
+        raise ValueError(seq)
+    table = self.tables[seq]
+    grow = max(0, -(-end // self.block_size) - len(table))
+    touched = range(start // self.block_size if first is None else first, (end - 1) // self.block_size + 1)
+    shared = [i for i in touched if i < len(table)
+              and (self.ref_counts[table[i]] > 1 or last_holder_copies and table[i] in self.forked)]
+    if grow + len(shared) * check_copies > len(self.free_queue):
+        raise MemoryError
+    new = [self.free_queue.pop(0) for _ in range(grow)] if grow_first else []
+    copies = []
+    for i in shared:
+        copy = self.free_queue.pop(0)
+        self.ref_counts[copy] = 1
+        self.ref_counts[table[i]] -= release
+        copies.append((table[i], copy))
+        table[i] = copy
+    new += [] if grow_first else [self.free_queue.pop(0) for _ in range(grow)]
+    for block in new:
+        self.ref_counts[block] = 1
+        table.append(block)
+    return copies
+
+
+@wrong("ch05.copy_on_write", "The last holder of a block writes in place")
+class CopiesEveryForkedBlock(ForkingAllocator):
+    def __init__(self, num_blocks, block_size):
+        super().__init__(num_blocks, block_size)
+        self.forked = set()
+
+    def fork(self, parent, child):
+        table = super().fork(parent, child)
+        self.forked.update(table)
+        return table
+
+    def prepare_write(self, seq, start, end):
+        return _cow_write(self, seq, start, end, last_holder_copies=True)  # WRONG: "was forked", not "is shared"
+
+
+@wrong("ch05.copy_on_write", "Only the blocks the write touches are copied")
+class CopiesTheWholeSharedTable(ForkingAllocator):
+    def prepare_write(self, seq, start, end):
+        return _cow_write(self, seq, start, end, first=0)  # WRONG: full prompt blocks, never written, copied too
+
+
+@wrong("ch05.copy_on_write", "A copy lets go of the shared block")
+class KeepsHoldingTheSource(ForkingAllocator):
+    def prepare_write(self, seq, start, end):
+        return _cow_write(self, seq, start, end, release=False)  # WRONG: the source keeps the writer's count
+
+
+@wrong("ch05.copy_on_write", "fork takes no block")
+class CopiesTheLastBlockAtFork(ForkingAllocator):
+    def fork(self, parent, child):
+        table = super().fork(parent, child)
+        copy = self.free_queue.pop(0)  # WRONG: an eager copy, made before anyone writes (and maybe never needed)
+        self.ref_counts[copy] = 1
+        self.ref_counts[table[-1]] -= 1
+        table[-1] = self.tables[child][-1] = copy
+        return table
+
+
+@wrong("ch05.copy_on_write", "A forked table is the child's own list")
+class AliasesTheParentsTable(ForkingAllocator):
+    def fork(self, parent, child):
+        if parent not in self.tables or child in self.tables:
+            raise ValueError(child)
+        for block in self.tables[parent]:
+            self.ref_counts[block] += 1
+        self.tables[child] = self.tables[parent]  # WRONG: one list for both: a copy in one lands in the other
+        return self.tables[child]
+
+
+@wrong("ch05.copy_on_write", "raises MemoryError and changes nothing")
+class CountsOnlyTheNewBlocks(ForkingAllocator):
+    def prepare_write(self, seq, start, end):
+        return _cow_write(self, seq, start, end, check_copies=False)  # WRONG: the copies need free blocks too
+
+
+@wrong("ch05.copy_on_write", "A write grows the table first, then copies")
+class CopiesBeforeGrowing(ForkingAllocator):
+    def prepare_write(self, seq, start, end):
+        return _cow_write(self, seq, start, end, grow_first=False)  # WRONG: other block ids than the engine's
