@@ -111,3 +111,80 @@ def test_an_abort_after_the_last_step_is_in_the_replay(model):
     assert all(n.ref_count == 0 for n in final.nodes)
     assert [n.block for n in sorted(final.nodes, key=lambda n: n.lru_rank)] == list(engine.pool.evictable)
     assert engine.trace.steps[-1].blocks == {} and not engine.pool.events
+
+
+# ----------------------------------------------------------------------------- n samples: fork and copy on write
+
+
+def run_forked(model, prompt_len: int = 10, num_blocks: int = 24) -> LLMEngine:
+    """Three samples of one prompt of `prompt_len` tokens, in blocks of 4 (10 tokens: two full blocks and a
+    partial one of 2 tokens)."""
+    config = EngineConfig(kv="paged", block_size=4, max_num_seqs=4, max_model_len=64, prefix_cache=True,
+                          kv_cache_bytes=paged_budget(model, 4, num_blocks))
+    engine = LLMEngine(model, ByteTokenizer(), config)
+    engine.add_request([ord(c) for c in "Tell me a story"[:prompt_len]],
+                       SamplingParams(n=3, temperature=0.8, seed=3, max_new_tokens=6, ignore_eos=True),
+                       request_id="q")
+    while engine.has_unfinished():
+        engine.step()
+    return engine
+
+
+def test_a_fork_shows_each_samples_table_sharing_the_parents_blocks(model):
+    frames = replay(run_forked(model).trace)
+    (fork,) = [f for f in frames if f.forks]
+    assert fork.forks == (("q#1", "q"), ("q#2", "q"))
+    tables = dict(fork.tables)
+    assert tables["q"] == tables["q#1"] == tables["q#2"] and len(tables["q"]) == 3
+    page = render_frame(fork, decode, last_step=frames[-1].step)
+    assert "q#1, q#2 forked from q, sharing its 3 blocks" in page
+    assert page.count("shared ×3") == 9  # three rows of three shared blocks
+    assert "class=\"block-tables\"" in page
+    full = [n for n in fork.nodes if n.ref_count == 3]  # the two full prompt blocks, cached and held by three
+    assert len(full) == 2 and page.count('fill="#8e44ad"') == 2 + 9  # marked in the tree and in the tables
+
+
+def test_copy_on_write_shows_the_copy_beside_its_source(model):
+    engine = run_forked(model)
+    frames = replay(engine.trace)
+    (fork,) = [f for f in frames if f.forks]
+    (cow,) = [f for f in frames if f.copies]
+    source = dict(fork.tables)["q"][2]  # the partly filled last prompt block
+    step = next(s for s in engine.trace.steps if s.step == cow.step)
+    assert cow.copies == tuple(tuple(e[1:]) for e in step.kv_events if e[0] == "copy")
+    (_, first), (_, second) = cow.copies
+    assert [s for s, _ in cow.copies] == [source, source]
+    tables = dict(cow.tables)
+    assert (tables["q"][2], tables["q#1"][2], tables["q#2"][2]) == (first, second, source)  # the last holder keeps it
+    assert tables["q"][:2] == tables["q#1"][:2] == tables["q#2"][:2] == dict(fork.tables)["q"][:2]  # still shared
+    page = render_frame(cow, decode)
+    assert f"copy on write: #{source} → #{first} (q), #{source} → #{second} (q#1)" in page
+    assert page.count(f"copy of #{source}") == 2
+    assert page.count('stroke="#c0392b" stroke-width="3"') == 2  # the two copies, in the column of their source
+    assert page.count('stroke-dasharray="4 2"') == 1  # the source, in q#2's row
+    widget = PrefixTreeWidget(engine.trace, decode)
+    assert cow.step in [frames[i].step for i in widget.frame_steps]
+    assert f"data-step='{cow.step}'" in widget.still_html()  # the still picture is the copy-on-write moment
+
+
+def test_a_prompt_ending_on_a_block_boundary_forks_without_a_copy(model):
+    frames = replay(run_forked(model, prompt_len=8).trace)
+    assert any(f.forks for f in frames) and not any(f.copies for f in frames)
+    assert "copy on write" not in "".join(render_frame(f, decode) for f in frames)
+
+
+def test_older_traces_render_as_before(model):
+    """A trace without forks: frames carry no tables, and the picture has no grid, no purple, no copy."""
+    frames = replay(run_shared(model).trace)
+    assert not any(f.shows_tables or f.tables or f.forks or f.copies for f in frames)
+    for frame in frames:
+        page = render_frame(frame, decode)
+        assert "block-tables" not in page and "#8e44ad" not in page and "#c0392b" not in page
+        assert "forked" not in page and "copied on write" not in page
+    assert any("held by 2" in render_frame(f, decode) for f in frames)  # shared by hits: green, as before
+
+
+def test_the_end_of_a_fork_says_nobody_shares_any_more(model):
+    last = replay(run_forked(model).trace)[-1]
+    assert last.shows_tables and not last.tables
+    assert "no running sequence shares a block now" in render_frame(last, decode)
