@@ -1,10 +1,13 @@
 """Chapter 5's live experiment: requests that share a system prompt, served by chapter 4's engine
 (no prefix cache) and by chapter 5's (prefix cache on), interleaved round by round, with their
-median TTFT compared within each round."""
+median TTFT compared within each round. And the runs of its section on n samples of one prompt
+(`run_alone`): what each engine computed, held and copied."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from experiments import Finding, same_tokens
 from minillm import LLM, EngineConfig, SamplingParams
@@ -73,3 +76,67 @@ def prefix_cache_ttft(prompts: list[list[int]], rounds: int = 3) -> Finding:
 def _computed(served: Served) -> int:
     """Prompt tokens the engine ran through the model (a cache hit's tokens are not among them)."""
     return sum(len(o.prompt_token_ids) - o.num_cached_tokens for o in served.outputs)
+
+
+# ----------------------------------------------------------------------------- n samples of one prompt
+
+
+@dataclass
+class RunAlone:
+    """Requests served together on an engine of their own: the engine (its trace), their outputs, and
+    every copy its KV cache made — a paged cache's (source block, copy) pairs, a contiguous cache's
+    (source slot, slot, tokens)."""
+
+    engine: LLMEngine
+    outputs: list[RequestOutput]
+    copies: list[tuple[int, ...]]
+
+    @property
+    def texts(self) -> list[str]:
+        """Every sample's text, request after request."""
+        return [sample.text for output in self.outputs for sample in output.outputs]
+
+    @property
+    def prompt_tokens_computed(self) -> int:
+        """Prompt tokens the engine ran through the model, from its trace."""
+        return sum(n for s in self.engine.trace.steps for n in s.prefill_tokens.values())
+
+    @property
+    def peak_blocks(self) -> int:
+        """The most distinct KV blocks held at once after a step (0 on a contiguous cache)."""
+        return max((len({b for table in s.blocks.values() for b in table}) for s in self.engine.trace.steps), default=0)
+
+    @property
+    def bytes_copied(self) -> int:
+        """K/V bytes the copies moved: a whole block per block copy, the tokens named per slot copy."""
+        cache = self.engine.cache
+        if hasattr(cache, "block_size"):  # paged
+            return len(self.copies) * cache.block_size * cache.bytes_per_token
+        return sum(tokens for *_, tokens in self.copies) * cache.nbytes // (cache.num_slots * cache.max_len)
+
+
+def record_copies(cache: Any, into: list[tuple[int, ...]]) -> None:
+    """From now on, write down in `into` every copy `cache` makes (`copy_blocks` of a paged cache,
+    `copy_slots` of a contiguous one) before making it."""
+    for name in ("copy_blocks", "copy_slots"):
+        method = getattr(cache, name, None)
+        if method is not None:
+            def recorded(copies: list, method: Callable = method) -> None:
+                into.extend(tuple(c) for c in copies)
+                method(copies)
+
+            setattr(cache, name, recorded)
+
+
+def run_alone(config: EngineConfig, requests: list[tuple[Any, SamplingParams]], like: LLMEngine | None = None,
+              request_ids: list[str] | None = None) -> RunAlone:
+    """Serve `requests` (prompt, params) on a new engine with `config` (sharing the model of `like`,
+    when given, instead of loading it again), all added before the first step, until they finish."""
+    engine = LLMEngine(like.model, like.tokenizer, config) if like is not None else LLM(config=config).engine
+    copies: list[tuple[int, ...]] = []
+    record_copies(engine.cache, copies)
+    ids = [engine.add_request(prompt, params, request_id=rid).request_id
+           for (prompt, params), rid in zip(requests, request_ids or [None] * len(requests))]
+    while engine.has_unfinished():
+        engine.step()
+    return RunAlone(engine, [engine.output(i) for i in ids], copies)

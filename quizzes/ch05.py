@@ -36,4 +36,30 @@ QUESTIONS = [
              0, "LRU: the block released longest ago goes first; its key is forgotten, and so are its descendants'.",
              why_not=(None, "The most recently used is the most likely to be asked for again.",
                       "A block with holders is never evicted: someone is reading it.")),
+    Question("Three samples (`n=3`) of a 30-token prompt, blocks of 8 tokens. Each has just sampled its first "
+             "token, whose K/V go to position 30. How many blocks are copied before that step's forward pass?",
+             ("None: the prompt's K/V never change",
+              "2: block 3, the partly filled one, for each sample but the last",
+              "3: one copy of block 3 for each sample",
+              "8: the prompt's four blocks for each of the two forked samples"),
+             1, "Position 30 is in block 3 (30 // 8), which holds tokens 24-29 and has three holders. The first "
+                "sample to write gets a copy, then the second; the third is then the block's only holder and "
+                "writes in place. Blocks 0-2 are full, never written again, and stay shared.",
+             why_not=("The K/V already there stay the same, but each sample adds its own, different token to the "
+                      "same block: three tokens cannot share one slot.", None,
+                      "After two copies the third sample holds block 3 alone: copying it would only waste a block.",
+                      "That is what a contiguous cache must do, copying the whole prompt. Full blocks are only "
+                      "read, so sharing them is safe.")),
+    Question("A prefix-cache hit shares blocks between requests and never copies one, yet `n` samples need "
+             "copy-on-write. Why the difference?",
+             ("A hit shares only full blocks, which nobody writes again; samples also share the prompt's partly "
+              "filled last block, into which each writes its own first token",
+              "A hit copies blocks too, only later, when the request finishes",
+              "The samples' prompt K/V differ, because each sample has its own seed"),
+             0, "Only a block that is written needs a copy. A hit covers full blocks (and always leaves the last "
+                "prompt token to compute, in a fresh block); a fork shares every block of the prompt, the partial "
+                "one included, and the samples' next writes land there.",
+             why_not=(None, "A finished request lets go of its blocks; nothing is copied at any point.",
+                      "The seed only changes which tokens are sampled; the prompt's K/V depend on its tokens alone "
+                      "and are the same for every sample.")),
 ]
