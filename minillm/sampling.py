@@ -75,7 +75,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # a token of the prompt or output: positive logit / p, negative x p
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit); a dict is accepted
     logprobs: int | None = None  # report each new token's logprob and this many most likely alternatives
-    prompt_logprobs: int | None = None  # the same for every prompt token (the first has none)
+    prompt_logprobs: int | None = None  # the same for every prompt token (the first has none); such a request
+    #                                     computes its whole prompt: a prefix-cache hit would skip positions
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
