@@ -154,7 +154,7 @@ class BlockPool:
         """Indices in the request's table of the blocks that positions [start, end) touch and that
         another sequence holds too."""
         table = self.tables.get(request_id, [])
-        last = min(self.blocks_for(end), len(table))
+        last = min(self.blocks_for(end), len(table)) if start < end else 0  # an empty range writes nothing
         return [i for i in range(start // self.block_size, last) if self.ref_counts[table[i]] > 1]
 
     def can_write(self, request_id: str, start: int, end: int) -> bool:
