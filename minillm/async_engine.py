@@ -164,7 +164,8 @@ class AsyncLLM:
             future.set_exception(ValueError(f"request_id must be a non-empty str or None, got {request_id!r}"))
             self._end_stream(stream)
             return future
-        request_id = request_id if request_id is not None else self._new_request_id()
+        n = params.n if isinstance(params, SamplingParams) else 1
+        request_id = request_id if request_id is not None else self._new_request_id(n)
         sub = _Submission(request_id, prompt, params, future, stream)
         future.add_done_callback(lambda f: self._on_done(request_id, f))
         if isinstance(prompt, str):  # tokenized in a worker thread first, then queued
@@ -199,9 +200,10 @@ class AsyncLLM:
             self._aborts.append(sub.request_id)  # applied right after it is admitted, as for any queued request
         self._ensure_running()
 
-    def _new_request_id(self) -> str:
+    def _new_request_id(self, n: int) -> str:
         taken = {sub.request_id for sub in (*self._pending, *self._resolving)}
-        while (request_id := f"async-{next(self._ids)}") in self.engine.requests or request_id in taken:
+        while not self.engine.ids_free(request_id := f"async-{next(self._ids)}", n) or request_id in taken or any(
+                f"{request_id}#{i}" in taken for i in range(1, n)):
             pass
         return request_id
 

@@ -240,7 +240,7 @@ class LLMEngine:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
         if request_id is None:
-            request_id = self.new_request_id()
+            request_id = self.new_request_id(params.n)
         elif not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty str or None, got {request_id!r}")
         elif request_id in self.requests and (not self.requests[request_id].status.is_done
@@ -249,7 +249,7 @@ class LLMEngine:
         if arrival_time is not None and (isinstance(arrival_time, bool) or not isinstance(arrival_time, int | float)
                                          or not math.isfinite(arrival_time)):
             raise ValueError(f"arrival_time must be a time.perf_counter() value or None, got {arrival_time!r}")
-        params.check_vocab(self.model.config.vocab_size)
+        params.check_vocab(self.model.config.vocab_size, self.model.config.eos_token_ids)
         if params.n > 1 and self.config.batching == "static":
             raise ValueError(f"n={params.n} samples need continuous batching: a static batch cannot fork a request")
         if params.n > self.config.max_num_seqs:
@@ -275,11 +275,15 @@ class LLMEngine:
         self.scheduler.add(request)
         return request
 
-    def new_request_id(self) -> str:
-        """A request id no live request uses."""
-        while (request_id := str(next(self._ids))) in self.requests:
+    def new_request_id(self, n: int = 1) -> str:
+        """A request id that no request held here uses, nor the ids of its `n` samples."""
+        while not self.ids_free(request_id := str(next(self._ids)), n):
             pass
         return request_id
+
+    def ids_free(self, request_id: str, n: int = 1) -> bool:
+        """Whether a request with this id and n samples would collide with no request held here."""
+        return request_id not in self.requests and not any(f"{request_id}#{i}" in self.requests for i in range(1, n))
 
     def abort(self, request_id: str) -> bool:
         """Stop a request (every sample of it) wherever it is, freeing its slots and KV blocks; False if
@@ -614,7 +618,7 @@ class LLM:
         refused: dict[str, RequestOutput] = {}
         try:
             for prompt, p in zip(prompts, params):
-                request_id = engine.new_request_id()
+                request_id = engine.new_request_id(p.n if isinstance(p, SamplingParams) else 1)
                 ids.append(request_id)
                 try:
                     engine.add_request(prompt, p, request_id=request_id, arrival_time=arrival)

@@ -83,7 +83,9 @@ def _apply_penalties(logits: torch.Tensor, rows: Sequence[RowHistory]) -> None:
     penalty = column("repetition_penalty")
     sub = torch.where(seen, torch.where(sub < 0, sub * penalty, sub / penalty), sub)
     sub = sub - column("frequency_penalty") * output_counts - column("presence_penalty") * (output_counts > 0)
-    logits[index] = sub
+    # a tiny repetition penalty (1e-38 is allowed) can push a logit past float32's range: +inf would make
+    # softmax NaN, so it stops at the largest finite value (the token is then certain, as it should be)
+    logits[index] = sub.clamp(max=torch.finfo(dtype).max)
 
 
 def _mask_until_min_tokens(logits: torch.Tensor, rows: Sequence[RowHistory], eos_token_ids: Collection[int]) -> None:

@@ -117,7 +117,8 @@ class SamplingParams:
                              f"{self.repetition_penalty!r}")
         for pair in self.logit_bias:
             if not (isinstance(pair, tuple | list) and len(pair) == 2 and is_int(pair[0]) and pair[0] >= 0
-                    and _is_number(pair[1]) and math.isfinite(pair[1]) and abs(pair[1]) <= MAX_LOGIT_BIAS):
+                    and _is_number(pair[1]) and (is_int(pair[1]) or math.isfinite(pair[1]))
+                    and abs(pair[1]) <= MAX_LOGIT_BIAS):  # an int of any size compares exactly, never overflows
                 raise ValueError(f"logit_bias must map token ids >= 0 to numbers in [-{MAX_LOGIT_BIAS:g}, "
                                  f"{MAX_LOGIT_BIAS:g}], got {pair!r}")
         for name in ("logprobs", "prompt_logprobs"):
@@ -151,11 +152,17 @@ class SamplingParams:
         """Whether anything before temperature changes the model's logits: a bias, a penalty, min_tokens."""
         return self.has_penalties or bool(self.logit_bias) or self.min_tokens > 0
 
-    def check_vocab(self, vocab_size: int) -> None:
-        """Token ids the parameters name must exist in the model's vocabulary (ValueError if not)."""
+    def check_vocab(self, vocab_size: int, eos_token_ids: Iterable[int] = ()) -> None:
+        """What the parameters ask of a model's vocabulary must be possible (ValueError if not): the token
+        ids logit_bias names exist, and min_tokens leaves some token to draw (its stop tokens and EOS are
+        masked until then)."""
         outside = [t for t, _ in self.logit_bias if t >= vocab_size]
         if outside:
             raise ValueError(f"logit_bias names token id {outside[0]}, outside the vocabulary [0, {vocab_size})")
+        masked = set(self.stop_token_ids) | (set() if self.ignore_eos else set(eos_token_ids))
+        if self.min_tokens > 0 and len(masked & set(range(vocab_size))) == vocab_size:
+            raise ValueError(f"min_tokens={self.min_tokens} masks every stop token until then, and stop_token_ids "
+                             f"(with EOS) cover the whole vocabulary of {vocab_size}: no token could be drawn")
 
     def make_generator(self, device: torch.device | str = "cpu") -> torch.Generator | None:
         """A generator seeded with `seed` (None: the global RNG); one per request (per sample)."""

@@ -70,6 +70,11 @@ class ByteTokenizer:
     def decode(self, ids, skip_special_tokens: bool = True, clean_up_tokenization_spaces: bool = False) -> str:
         return bytes(ids).decode("utf-8", errors="replace")
 
+    def convert_ids_to_tokens(self, ids):
+        """A token's name: printable ASCII is itself, any other byte <0xNN> (as SentencePiece names a raw byte)."""
+        name = lambda i: chr(i) if 32 <= i < 127 else f"<0x{i:02X}>"  # noqa: E731
+        return name(ids) if isinstance(ids, int) else [name(i) for i in ids]
+
 
 def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
     """Hugging Face's own greedy generation, never stopping early."""

@@ -40,9 +40,9 @@ from minillm.server.chat_template import ChatTemplateError, has_chat_template, r
 from minillm.server.logprob_format import LogprobFormatter
 from minillm.server.metrics import ServerMetrics
 from minillm.server.protocol import (
-    MAX_STOP_TOKEN_IDS,
     GenerationRequest,
     RequestError,
+    max_list_items,
     parse,
     parse_detokenize,
     parse_tokenize,
@@ -92,7 +92,7 @@ def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None, defaul
     vocab_size, max_len = engine.model.config.vocab_size, engine.max_model_len
     history = ServerMetrics()
     formatter = LogprobFormatter(tokenizer)  # names tokens in logprobs (each id decoded once)
-    decoder = BodyDecoder(max_items=max(max_len, MAX_STOP_TOKEN_IDS))  # no list in a usable request is longer
+    decoder = BodyDecoder(max_items=max_list_items(max_len))  # no list in a usable request is longer
     # each endpoint's body check (protocol.py), run off the event loop by `decoder`
     completion_check = functools.partial(parse, chat=False, default_max_tokens=default_max_tokens,
                                          vocab_size=vocab_size, max_model_len=max_len)
@@ -217,14 +217,24 @@ def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None, defaul
         answer_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         param = "messages" if chat else "prompt"
         params = req.params
+        if params.n > 1 and engine.config.batching == "static":
+            raise RequestError(400, f"n={params.n} samples need continuous batching (this server batches statically)",
+                               "n")
         if params.n > engine.config.max_num_seqs:
             raise RequestError(400, f"n={params.n} samples run at once, each in a batch slot, and this server has "
                                     f"{engine.config.max_num_seqs} (--max-num-seqs)", "n")
+        try:  # what the parameters ask of the vocabulary (the engine checks it too, without naming the field)
+            params.check_vocab(vocab_size, engine.model.config.eos_token_ids)
+        except ValueError as err:
+            raise RequestError(400, str(err), "min_tokens" if "min_tokens" in str(err) else "logit_bias") from None
         prompt_text = ""
         if req.echo:  # the prompt as text: as it was sent, or its token ids decoded
             prompt_text = req.prompt if isinstance(req.prompt, str) else await asyncio.to_thread(
                 tokenizer.decode, prompt, skip_special_tokens=params.skip_special_tokens)
         if req.max_tokens_is_rest:
+            if params.min_tokens > max_len - len(prompt):
+                raise RequestError(400, f"min_tokens={params.min_tokens} is more than the {max_len - len(prompt)} "
+                                        "tokens the context leaves after the prompt", "min_tokens")
             params = dataclasses.replace(params, max_new_tokens=max_len - len(prompt))
         elif len(prompt) + params.max_new_tokens > max_len:
             raise RequestError(400, f"max_tokens={params.max_new_tokens} with a prompt of {len(prompt)} tokens "

@@ -121,6 +121,12 @@ APPLIED_COMPLETIONS = _SAMPLING | {"prompt", "echo"}
 APPLIED_CHAT = _SAMPLING | {"messages", "max_completion_tokens", "add_generation_prompt", "continue_final_message",
                             "top_logprobs"}
 MAX_N = 128  # samples per request (the engine also needs a batch slot for each: max_num_seqs)
+
+
+def max_list_items(max_model_len: int | None) -> int:
+    """The most entries any list or object of a usable request has (a prompt's token ids, stop_token_ids,
+    logit_bias): the body reader refuses longer ones before parsing them, and the checks here agree."""
+    return max(max_model_len or 0, MAX_STOP_TOKEN_IDS)
 APPLIED_TOKENIZE = {"model", "prompt", "add_special_tokens", "return_token_strs"}
 APPLIED_TOKENIZE_CHAT = {"model", "messages", "add_special_tokens", "return_token_strs", "add_generation_prompt",
                          "continue_final_message"}
@@ -155,12 +161,19 @@ def _short(value: object) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- values
+def _real(value: object) -> bool:
+    """A JSON number that is a finite real: an int of any size (compared exactly, never overflowing a
+    float), or a finite float; not a bool."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
+
+
 def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
     value = body.get(name, default)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
-            or not low <= value <= high:
+    if not _real(value) or not low <= value <= high:
         raise _bad(f"{name} must be a number in [{low}, {high}], got {_short(value)}", name)
     return float(value)
 
@@ -210,21 +223,25 @@ def _token_ids(body: dict, name: str, vocab_size: int | None, most: int | None =
     return [int(t) for t in ids]
 
 
-def _logit_bias(body: dict, vocab_size: int | None) -> dict[int, float]:
-    """OpenAI's logit_bias: {"<token id>": bias in [-100, 100]} (JSON keys are strings)."""
+def _logit_bias(body: dict, vocab_size: int | None, max_items: int) -> dict[int, float]:
+    """OpenAI's logit_bias: {"<token id>": bias in [-100, 100]} (JSON keys are strings, so a token is
+    written once: "5", never also "05"), at most `max_items` entries."""
     bias = body.get("logit_bias")
     if bias is None:
         return {}
     if not isinstance(bias, dict):
         raise _bad(f"logit_bias must be an object mapping token ids to numbers, got {_short(bias)}", "logit_bias")
+    if len(bias) > max_items:
+        raise _bad(f"logit_bias has {len(bias)} entries, more than the {max_items} this server takes", "logit_bias")
     checked = {}
     bound = f"[0, {vocab_size})" if vocab_size is not None else ">= 0"
-    for key, value in bias.items():
-        token = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() else None
+    for key, value in bias.items():  # a token id written in decimal, no sign, no leading zero, no digit soup
+        canonical = isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 12 \
+            and (key == "0" or not key.startswith("0"))
+        token = int(key) if canonical else None
         if token is None or (vocab_size is not None and token >= vocab_size):
-            raise _bad(f"logit_bias key {_short(key)} must be a token id in {bound}", "logit_bias")
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
-                or not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
+            raise _bad(f"logit_bias key {_short(key)} must be a token id in {bound}, written in decimal", "logit_bias")
+        if not _real(value) or not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
             raise _bad(f"logit_bias[{key!r}] must be a number in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], got "
                        f"{_short(value)}", "logit_bias")
         checked[token] = float(value)
@@ -425,7 +442,7 @@ def parse(body: object, chat: bool, default_max_tokens: int, vocab_size: int | N
     rest = chat and body.get(max_tokens) is None
     echo = not chat and _flag(body, "echo")
     # max_tokens 0 asks for nothing new: only with echo (the prompt's logprobs, as evaluation harnesses ask)
-    count = 1 if rest else _integer(body, max_tokens, default_max_tokens, 0 if echo else 1)
+    count = None if rest else _integer(body, max_tokens, default_max_tokens, 0 if echo else 1)
     stop_token_ids = _token_ids(body, "stop_token_ids", vocab_size, MAX_STOP_TOKEN_IDS) \
         if body.get("stop_token_ids") is not None else []
     logprobs = _logprobs(body, chat)
@@ -433,17 +450,23 @@ def parse(body: object, chat: bool, default_max_tokens: int, vocab_size: int | N
     if echo and logprobs is not None:  # the echoed prompt's tokens come with their logprobs
         prompt_logprobs = max(logprobs, prompt_logprobs or 0)
     min_tokens = _integer(body, "min_tokens", 0, 0)
-    if min_tokens > max(count, 1) and not rest:
+    if count is not None and min_tokens > max(count, 1):
         raise _bad(f"min_tokens={min_tokens} is more than max_tokens={count}", "min_tokens")
+    if stream and asked_prompt_logprobs is not None:  # as vLLM: a prompt's logprobs come in a whole answer
+        raise _bad("prompt_logprobs is not supported with stream: true (echo with logprobs streams the prompt's)",
+                   "prompt_logprobs")
+    # a chat without max_tokens gets the rest of the context once its prompt is known (app.py sets it)
+    most = max(count, 1) if count is not None else (max_model_len or 1 << 30)
     try:
         params = SamplingParams(
             temperature=temperature, top_p=top_p, top_k=None if top_k in (None, -1, 0) else top_k,
-            min_p=_number(body, "min_p", 0.0, 0.0, 1.0), max_new_tokens=max(count, 1), min_tokens=min_tokens,
+            min_p=_number(body, "min_p", 0.0, 0.0, 1.0), max_new_tokens=most, min_tokens=min_tokens,
             seed=_integer(body, "seed", None, 0, 2**63 - 1), stop=_stop(body), stop_token_ids=tuple(stop_token_ids),
             ignore_eos=_flag(body, "ignore_eos"), n=_integer(body, "n", 1, 1, MAX_N),
             presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
             frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
-            repetition_penalty=_repetition_penalty(body), logit_bias=_logit_bias(body, vocab_size),
+            repetition_penalty=_repetition_penalty(body),
+            logit_bias=_logit_bias(body, vocab_size, max_list_items(max_model_len)),
             logprobs=logprobs, prompt_logprobs=prompt_logprobs,
             include_stop_str_in_output=_flag(body, "include_stop_str_in_output"),
             skip_special_tokens=_flag(body, "skip_special_tokens", default=True))
@@ -460,8 +483,7 @@ def _repetition_penalty(body: dict) -> float:
     value = body.get("repetition_penalty")
     if value is None:
         return 1.0
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
-            or not 0 < value <= 2:
+    if not _real(value) or not 0 < value <= 2:
         raise _bad(f"repetition_penalty must be a number in (0, 2] (1 = none), got {_short(value)}",
                    "repetition_penalty")
     return float(value)

@@ -40,7 +40,8 @@ def whole(answer_id: str, model: str, out: RequestOutput, req: GenerationRequest
             "model": model, "choices": choices,
             "usage": usage(len(out.prompt_token_ids), completion_tokens(out, req))}
     if chat and req.prompt_logprobs is not None:  # vLLM puts a chat's beside its choices
-        body["prompt_logprobs"] = formatter.prompt_logprobs(out.prompt_token_ids, out.prompt_logprobs)
+        body["prompt_logprobs"] = formatter.prompt_logprobs(out.prompt_token_ids, out.prompt_logprobs,
+                                                            req.prompt_logprobs)
     return body
 
 
@@ -55,7 +56,8 @@ def _completion_choice(sample: CompletionOutput, out: RequestOutput, req: Genera
     choice = {"index": sample.index, "text": text, "logprobs": logprobs,
               "finish_reason": "length" if req.prompt_only else FINISH[sample.finish_reason]}
     if req.prompt_logprobs is not None:
-        choice["prompt_logprobs"] = formatter.prompt_logprobs(out.prompt_token_ids, out.prompt_logprobs)
+        choice["prompt_logprobs"] = formatter.prompt_logprobs(out.prompt_token_ids, out.prompt_logprobs,
+                                                              req.prompt_logprobs)
     return choice
 
 

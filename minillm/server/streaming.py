@@ -4,9 +4,13 @@
     data: {chunk: the prompt}                    completions with echo, once per sample
     data: {chunk: a piece of text}               one per step that gave a sample text (or, with logprobs,
                                                  tokens whose text is still held back), with its "index"
-    data: {chunk: finish_reason}                 once per sample, when it ends
+    data: {chunk: finish_reason}                 once per sample, when it ends ("stop" or "length")
     data: {"choices": [], "usage": {...}}        only when stream_options.include_usage is true
     data: [DONE]
+
+A request that fails in the engine (or is aborted) mid-stream ends with OpenAI's error object,
+data: {"error": {"message", "type", "param", "code"}}, then data: [DONE] — its HTTP status was already
+200. Text offsets in streamed logprobs count the tokens' texts, as the whole answer's do.
 
 With vLLM's stream_options.continuous_usage_stats every chunk also carries the usage so far. The
 client leaving ends the stream where it is: the request is aborted (AsyncLLM) and counted as such.
@@ -31,7 +35,7 @@ async def sse(answer_id: str, model: str, req: GenerationRequest, prompt_ids: li
     (AsyncLLM.stream_events)."""
     chat = req.messages is not None
     samples = range(req.params.n)
-    text_so_far = dict.fromkeys(samples, 0)  # characters each sample has streamed (text offsets count from them)
+    offsets = dict.fromkeys(samples, 0)  # each sample's next text offset: its tokens' texts so far, as unstreamed
     finished: set[int] = set()
 
     def event(data: dict) -> str:
@@ -40,12 +44,14 @@ async def sse(answer_id: str, model: str, req: GenerationRequest, prompt_ids: li
     def so_far(generated: int) -> dict | None:
         return usage(len(prompt_ids), 0 if req.prompt_only else generated) if req.continuous_usage else None
 
-    def logprobs(index: int, e: StreamEvent) -> dict | None:
+    def logprobs(index: int, token_ids, entries) -> dict | None:
         if req.logprobs is None:
             return None
         if chat:
-            return formatter.chat(e.logprobs, req.logprobs)
-        return formatter.completion(e.token_ids, e.logprobs, req.logprobs, text_offset=text_so_far[index])
+            return formatter.chat(entries, req.logprobs)
+        shaped = formatter.completion(token_ids, entries, req.logprobs, text_offset=offsets[index])
+        offsets[index] += sum(len(token) for token in shaped["tokens"])
+        return shaped
 
     recorded = False
     try:
@@ -54,21 +60,17 @@ async def sse(answer_id: str, model: str, req: GenerationRequest, prompt_ids: li
             if chat:
                 yield event(chunk(answer_id, model, chat, "", None, role=True, counts=so_far(0), index=i))
             elif req.echo:  # the prompt first, as the answer's beginning (its logprobs are known by now)
-                prompt_logprobs = None
-                if req.logprobs is not None:
-                    given = list(entries or ())
-                    prompt_logprobs = formatter.completion(prompt_ids, given + [None] * (len(prompt_ids) - len(given)),
-                                                           req.logprobs)
+                given = list(entries or ())
+                shaped = logprobs(i, prompt_ids, given + [None] * (len(prompt_ids) - len(given)))
                 yield event(chunk(answer_id, model, chat, prompt_text, None, counts=so_far(0), index=i,
-                                  logprobs=prompt_logprobs))
-                text_so_far[i] = len(prompt_text)
+                                  logprobs=shaped))
         e = first
         while e.output is None:
             if not req.prompt_only and (e.delta or (e.token_ids and req.logprobs is not None)):
                 yield event(chunk(answer_id, model, chat, e.delta if (e.delta or not chat) else None, None,
-                                  counts=so_far(e.generated), index=e.index, logprobs=logprobs(e.index, e)))
-                text_so_far[e.index] += len(e.delta)
-            if e.finish_reason is not None:
+                                  counts=so_far(e.generated), index=e.index,
+                                  logprobs=logprobs(e.index, e.token_ids, e.logprobs)))
+            if e.finish_reason in ("stop", "length"):  # an error or an abort is said once, at the end
                 finished.add(e.index)
                 reason = "length" if req.prompt_only else FINISH[e.finish_reason]
                 yield event(chunk(answer_id, model, chat, None if chat else "", reason, counts=so_far(e.generated),
@@ -78,7 +80,13 @@ async def sse(answer_id: str, model: str, req: GenerationRequest, prompt_ids: li
         history.record(out)
         recorded = True
         generated = completion_tokens(out, req)
-        for sample in out.outputs:  # the samples that ended without a step saying so (abort, error)
+        if out.finish_reason in ("error", "abort"):  # OpenAI's way: an error object in the stream, then [DONE]
+            why = out.error if out.finish_reason == "error" else "the request was aborted"
+            yield event({"error": {"message": f"the request failed in the engine: {why}", "type": "server_error",
+                                   "param": None, "code": None}})
+            yield "data: [DONE]\n\n"
+            return
+        for sample in out.outputs:  # the samples that ended without a step saying so
             if sample.index not in finished:
                 reason = "length" if req.prompt_only else FINISH[sample.finish_reason]
                 yield event(chunk(answer_id, model, chat, None if chat else "", reason, counts=so_far(generated),
