@@ -32,7 +32,8 @@ T = TypeVar("T")
 Metric = Callable[[T], float]  # reads a number (a time, a rate) out of one run's result
 
 # Other processes may keep this much of a core busy, on average, beyond the cores our threads leave free.
-SPARE_CORE_SLACK = 0.3
+# One busy program per core beside our one thread on two cores takes 4/3 of them (a third of ours): busy.
+SPARE_CORE_SLACK = 0.2
 # A comparison is only as good as its rounds: the same configuration may vary this much (max / min).
 MAX_SPREAD = 1.5
 
@@ -64,7 +65,7 @@ class CpuUse:
 
     def describe(self) -> str:
         needed = ("while our threads needed every core" if self.spare_cores == 0
-                  else f"more than the {self.spare_cores:g} our {self.threads} threads left free")
+                  else f"more than the {self.spare_cores:g} our {self.threads} thread{'s' * (self.threads != 1)} left free")
         return f"other programs kept {self.others_cores:.1f} of this machine's {self.cores} cores busy, {needed}"
 
 

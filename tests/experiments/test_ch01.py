@@ -109,7 +109,9 @@ def test_fit_and_its_check_under_a_cpu_hog_hold_or_warn(shipped):
     assert f"{fit.p0:.2f} ms + {fit.p1 * 1e3:.1f} µs × L + {fit.p2 * 1e6:.1f} ns × L²" in fitted.text
     assert min(fit.p0, fit.p1, fit.p2, fit.d0, fit.d1) >= 0  # no cost below zero
     assert len(fitted.numbers["sweep_fits"]) == 2
-    assert checked.warning or checked.holds, checked.text
+    # The check compares against the fit: a fit disturbed by the hog (its own cell warned) predicts
+    # a quiet run badly, and the check's words name that cause.
+    assert checked.warning or checked.holds or (fitted.warning and "rerun the fit's cell" in checked.text), checked.text
     assert f"{checked.numbers['worst']:.0%}" in checked.text
 
 
