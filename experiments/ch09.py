@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import math
+import os
 import socket
 import statistics
 import subprocess
@@ -28,7 +30,7 @@ from minillm.timing import interleaved
 
 REPO = Path(__file__).resolve().parents[1]
 SERVER_LOG = REPO / "logs" / "chapter09-server.log"  # git-ignored; JupyterLab's file browser shows it
-RERUN_LOAD = "the load cell of section 2 (the Little's law cell after it reads the same runs)"
+RERUN_LOAD = "the load cell of section 5 (the Little's law cell after it reads the same runs)"
 
 
 def run_async(coro: Coroutine) -> Any:
@@ -455,3 +457,162 @@ def little_words(rows: list[tuple[float, int, tuple[float, float, float]]]) -> s
     return (f"Here λ·W and L differ by up to {worst:.0%} in one run: /metrics is sampled every 50 ms, and a short run "
             "on a busy machine leaves few samples, or misses the moments when the queue peaked. The law itself holds "
             "for any run that starts and ends empty; rerun the load cell on a quiet machine to see them agree.")
+
+
+# ----------------------------------------------------------------------------- lm-eval-harness through the server
+
+EVALS = REPO / "evals"
+TARGET = REPO / "minillm" / "assets" / "target"  # the checkpoint the server serves by default
+EVAL_LOG = REPO / "logs" / "chapter09-lm-eval.log"  # lm-eval's own messages and progress bars, not the notebook's
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+# the course's two tasks (evals/README.md) and the metrics each reports, as lm-eval names them
+EVAL_METRICS = {"minillm_arith_mc": ("acc,none", "acc_norm,none"), "minillm_arith_gen": ("exact_match,strip",)}
+
+
+def eval_task(name: str) -> dict:
+    """evals/<name>.yaml as an lm-eval task config, its data_files made absolute: lm-eval opens them
+    relative to the working directory, which in a notebook is chapters/, not the repository."""
+    import yaml
+
+    config = yaml.safe_load((EVALS / f"{name}.yaml").read_text())
+    files = config["dataset_kwargs"]["data_files"]
+    config["dataset_kwargs"]["data_files"] = {split: str(REPO / path) for split, path in files.items()}
+    return config
+
+
+@contextlib.contextmanager
+def _into(log: Path):
+    """Everything printed meanwhile — by Python or by a child process (lm-eval asks git for its
+    version) — goes to `log` instead of the notebook: lm-eval's info lines and progress bars."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as out:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        saved = [os.dup(1), os.dup(2)]
+        try:
+            os.dup2(out.fileno(), 1)
+            os.dup2(out.fileno(), 2)
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+                yield
+        finally:
+            out.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+
+
+@contextlib.contextmanager
+def _no_progress_bars():
+    """Hugging Face's progress bars (transformers loading weights, datasets preparing a split) are
+    notebook widgets in a kernel, which no redirect of the output catches: off meanwhile."""
+    import datasets
+    import huggingface_hub.utils as hub
+    from transformers.utils import logging as transformers_logging
+
+    toggles = [(not hub.are_progress_bars_disabled(), hub.disable_progress_bars, hub.enable_progress_bars),
+               (datasets.is_progress_bar_enabled(), datasets.disable_progress_bars, datasets.enable_progress_bars),
+               (transformers_logging.is_progress_bar_enabled(), transformers_logging.disable_progress_bar,
+                transformers_logging.enable_progress_bar)]
+    for _, off, _ in toggles:
+        off()
+    try:
+        yield
+    finally:
+        for was_on, _, on in toggles:
+            if was_on:
+                on()
+
+
+def lm_evaluate(model: str, model_args: dict, limit: int | None = None, log: Path = EVAL_LOG) -> dict:
+    """`lm_eval.simple_evaluate` on the course's two tasks (evals/), offline, one request at a time,
+    the first `limit` questions of each (None: all 40); its messages appended to `log`."""
+    for name, value in OFFLINE.items():  # local files only: nothing is looked up on the Hugging Face hub
+        os.environ[name] = value
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    with _into(log), _no_progress_bars():
+        print(f"\n===== lm_eval.simple_evaluate(model={model!r}, model_args={model_args}, limit={limit})", flush=True)
+        return lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=[eval_task(t) for t in EVAL_METRICS],
+                                       task_manager=TaskManager(include_defaults=False), batch_size=1, limit=limit,
+                                       log_samples=True)
+
+
+def served_model_args(url: str, model: str, max_model_len: int) -> dict:
+    """lm-eval's `local-completions` pointed at our server. It sends token ids, cut by the served
+    checkpoint's own tokenizer (tokenized_requests), so both backends score the very same tokens."""
+    return {"model": model, "base_url": url + "/v1/completions", "tokenizer": str(TARGET),
+            "tokenizer_backend": "huggingface", "tokenized_requests": True, "num_concurrent": 1, "max_retries": 1,
+            "max_length": max_model_len}
+
+
+HF_MODEL_ARGS = {"pretrained": str(TARGET), "dtype": "float32", "device": "cpu"}  # transformers, in this process
+
+
+def scores(results: dict) -> dict[tuple[str, str], float]:
+    """{(task, metric): value} from simple_evaluate's results."""
+    return {(task, metric): float(results["results"][task][metric]) for task, metrics in EVAL_METRICS.items()
+            for metric in metrics}
+
+
+def per_question(served: dict, hf: dict) -> dict[str, dict]:
+    """For each task: how many questions both backends answered alike ("same", of "questions") and,
+    for the multiple-choice task, the largest gap between two log-likelihoods of one choice."""
+    out = {}
+    for task in EVAL_METRICS:
+        ours = sorted(served["samples"][task], key=lambda s: s["doc_id"])
+        theirs = sorted(hf["samples"][task], key=lambda s: s["doc_id"])
+        if task == "minillm_arith_mc":  # filtered_resps: one (log-likelihood, is greedy) per choice
+            same = sum(a["acc"] == b["acc"] and a["acc_norm"] == b["acc_norm"] for a, b in zip(ours, theirs))
+            gap = max((abs(x[0] - y[0]) for a, b in zip(ours, theirs)
+                       for x, y in zip(a["filtered_resps"], b["filtered_resps"])), default=0.0)
+            out[task] = {"same": same, "questions": len(ours), "loglikelihood_gap": gap}
+        else:
+            same = sum(a["filtered_resps"] == b["filtered_resps"] for a, b in zip(ours, theirs))
+            out[task] = {"same": same, "questions": len(ours)}
+    return out
+
+
+def lm_eval_side_by_side(url: str, model: str, max_model_len: int, limit: int | None = None,
+                         log: Path = EVAL_LOG) -> Finding:
+    """The course's tasks run by lm-eval twice on the served checkpoint: `local-completions` against
+    the server at `url`, then `hf` (transformers in this process). numbers: "served" and "hf" (their
+    scores), "per_question" (per_question()), "seconds" of each run, "limit", "log"."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("")  # a fresh log per run
+    seconds = {}
+    start = time.perf_counter()
+    served = lm_evaluate("local-completions", served_model_args(url, model, max_model_len), limit, log)
+    seconds["served"] = time.perf_counter() - start
+    start = time.perf_counter()
+    hf = lm_evaluate("hf", HF_MODEL_ARGS, limit, log)
+    seconds["hf"] = time.perf_counter() - start
+    numbers = {"served": scores(served), "hf": scores(hf), "per_question": per_question(served, hf),
+               "seconds": seconds, "limit": limit, "log": log}
+    text, holds = describe_eval(numbers)
+    return Finding(text, holds, numbers)
+
+
+def describe_eval(n: dict) -> tuple[str, bool]:
+    """The words for lm_eval_side_by_side's numbers, and whether the two backends agreed everywhere."""
+    equal = n["served"] == n["hf"]
+    alike = all(q["same"] == q["questions"] for q in n["per_question"].values())
+    answered = ", ".join(f"{q['same']} of {q['questions']} ({task})" for task, q in n["per_question"].items())
+    gap = n["per_question"]["minillm_arith_mc"]["loglikelihood_gap"]
+    if equal and alike:
+        text = (f"The two backends gave equal scores on every metric, and the same answer to every question: "
+                f"{answered}. The log-likelihoods of the choices differ by at most {gap:.1e}: our model and "
+                "transformers compute the same logits up to rounding, on the same token ids.")
+    elif equal:
+        text = (f"The scores are equal, but not every answer: {answered} questions answered alike (log-likelihoods "
+                f"up to {gap:.1e} apart), the differences cancelling out in the mean. Compare the two runs question "
+                "by question in lm-eval's samples.")
+    else:
+        differ = "; ".join(f"{task} {metric.split(',')[0]}: {n['hf'][task, metric]:.3f} with hf, "
+                           f"{n['served'][task, metric]:.3f} through the server"
+                           for task, metric in n["hf"] if n["hf"][task, metric] != n["served"][task, metric])
+        text = (f"The scores differ ({differ}); questions answered alike: {answered}; log-likelihoods up to "
+                f"{gap:.1e} apart. The server and transformers did not score the same tokens the same way: lm-eval's "
+                f"messages are in {shown(n['log'])}.")
+    return text, equal and alike

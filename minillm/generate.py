@@ -51,7 +51,7 @@ class _Progress:
         if params.n != 1:
             raise ValueError(f"n={params.n}: these loops generate one sample; run them once per "
                              "params.for_sample(i), as the engine's n samples are")
-        params.check_vocab(model.config.vocab_size)
+        params.check_vocab(model.config.vocab_size, model.config.eos_token_ids)
         self.on_text = on_text
         self.prompt_ids = prompt_ids = encode_prompt(tokenizer, prompt, model.config.max_position_embeddings,
                                                      model.config.vocab_size)

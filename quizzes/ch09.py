@@ -42,4 +42,47 @@ QUESTIONS = [
                       "have had, and its tokens are computed for nobody.", None,
                       "The prefix cache already keeps reusable KV; finishing text nobody asked for only delays "
                       "others.")),
+    Question("lm-eval scores the choice ` 7` after `What is 3+4? Answer:` by sending question and choice as one prompt "
+             "of token ids, with `echo: true, logprobs: 1, max_tokens: 1`. Which numbers of the answer's "
+             "`token_logprobs` does it add up?",
+             ("The entries after the question's tokens, all but the last one: the last is the token generated "
+              "after the prompt, not part of the choice",
+              "Only the last entry: the one token the request generated is the model's answer",
+              "Every entry: the question's tokens, the choice's and the generated one, since the whole sequence is "
+              "what the model saw"),
+             0, "With echo the list holds one entry per prompt token (the first is null) and then one for the token "
+                "generated after it. The choice's tokens are the entries between the question's and that last one; "
+                "their sum is the log-probability of the choice given the question. The sums of the four choices are "
+                "compared: the largest is the model's pick.",
+             why_not=(None, "The generated token comes after the choice: it says what the model would write next, "
+                            "nothing about the choice. lm-eval drops it.",
+                      "The question's tokens are the same for every choice and say nothing about which choice fits; "
+                      "the generated token is not part of any choice.")),
+    Question("A request at temperature 1.5 with `presence_penalty: 1` asks for `logprobs`. Which distribution do the "
+             "numbers it gets back come from?",
+             ("The one the token was drawn from: logits penalised, divided by 1.5, then softmaxed",
+              "The model's own: the log-softmax of its raw logits, before penalties, bias or temperature",
+              "The penalised logits' log-softmax, before the temperature"),
+             1, "minillm reports the raw distribution, as vLLM does by default: the numbers then say what the model "
+                "thinks, whatever the request's sampling settings, and they equal transformers' log-softmax — which is "
+                "what lets an evaluation harness trust them. A token drawn at a high temperature can be one the model "
+                "ranked low: its logprob shows it.",
+             why_not=("Then the same prompt would get different logprobs at each temperature, and a harness's scores "
+                      "would depend on sampling settings it never meant to set.", None,
+                      "Penalties and bias are the request's sampling choices too: the reported numbers are taken "
+                      "before any of them.")),
+    Question("One request asks for `n: 3` samples of a 600-token prompt at temperature 0.8. What does the engine do "
+             "with the prompt?",
+             ("Computes it three times, once per sample, since each sample has its own random generator",
+              "Computes it once; each sample then gets its own copy of all the prompt's KV blocks",
+              "Computes it once; the samples share its KV blocks, and only the partly filled last block is copied, "
+              "when each sample writes its first token into it"),
+             2, "The prompt's K/V are the same for every sample, so one prefill serves all three. The samples fork "
+                "the request's block table: full blocks are shared for good, and the first write into the shared "
+                "last block gives the writer its own copy (copy-on-write, chapter 5). The usage counts the prompt "
+                "once too.",
+             why_not=("The generators only change which tokens are drawn after the prompt; the prompt's K/V depend on "
+                      "its tokens alone.",
+                      "Full blocks are only read, never written again: copying them would waste memory. That is what "
+                      "a contiguous cache must do.", None)),
 ]

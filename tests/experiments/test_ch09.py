@@ -1,20 +1,27 @@
 """Chapter 9's live experiments hold or warn under load, and their words follow their numbers: a
-streamed request and two load runs against a real server (uvicorn in a thread, a tiny model)."""
+streamed request and two load runs against a real server (uvicorn in a thread, a tiny model); and
+lm-eval's evaluation through `python -m minillm serve`, run from a folder that is not the
+repository's (as the notebook runs in chapters/), equal to its hf backend and silent in the notebook."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import openai
 import pytest
 
 from experiments.ch09 import (
+    EVAL_METRICS,
     Server,
+    describe_eval,
     describe_load,
+    eval_task,
     free_port,
     little_rows,
     little_words,
+    lm_eval_side_by_side,
     load_at_two_rates,
     start_server,
     streaming_timing,
@@ -55,7 +62,7 @@ def test_under_a_cpu_hog_the_findings_hold_or_the_guard_fires(server):
         loaded = _load(server)
     assert streamed.warning or streamed.holds, streamed.text
     assert loaded.warning or loaded.holds, loaded.text
-    assert "rerun the load cell of section 2" in (loaded.warning or "rerun the load cell of section 2")
+    assert "rerun the load cell of section 5" in (loaded.warning or "rerun the load cell of section 5")
 
 
 def test_the_words_are_the_numbers(server):
@@ -129,3 +136,56 @@ def test_the_server_log_is_where_the_file_browser_shows_it(tmp_path):
         assert "exited while starting" in str(err) and "no model here" in str(err) and log.exists()
     else:
         raise AssertionError("a server that exits at once must not be taken for a running one")
+
+
+def test_the_eval_tasks_read_their_questions_from_any_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # lm-eval opens data_files relative to here; the notebook's is chapters/
+    for task in EVAL_METRICS:
+        config = eval_task(task)
+        assert config["task"] == task
+        for path in config["dataset_kwargs"]["data_files"].values():
+            assert Path(path).is_absolute() and Path(path).is_file(), path
+
+
+def test_lm_eval_through_the_server_equals_its_hf_backend_and_prints_nothing(tmp_path, monkeypatch, capfd):
+    """The chapter's evaluation on the first 3 questions of each task: equal scores and answers, every
+    message of lm-eval's (info lines, progress bars, git's) in the log rather than in the notebook."""
+    served = start_server(["--max-num-seqs", "4", "--max-model-len", "256"], log=tmp_path / "server.log")
+    try:
+        monkeypatch.chdir(tmp_path)
+        capfd.readouterr()
+        finding = lm_eval_side_by_side(served.url, "minillm-target", 256, limit=3, log=tmp_path / "lm-eval.log")
+        printed = capfd.readouterr()
+    finally:
+        served.stop()
+    n = finding.numbers
+    assert finding.holds and n["served"] == n["hf"], finding.text
+    assert set(n["hf"]) == {(task, metric) for task, metrics in EVAL_METRICS.items() for metric in metrics}
+    assert all(q == {**q, "same": 3, "questions": 3} for q in n["per_question"].values())
+    assert "same answer to every question: 3 of 3" in finding.text
+    assert printed.out == "" and printed.err == "", printed
+    assert "local-completions" in (tmp_path / "lm-eval.log").read_text()
+
+
+def _eval_numbers(**changes) -> dict:
+    scores = {("minillm_arith_mc", "acc,none"): 0.75, ("minillm_arith_mc", "acc_norm,none"): 0.75,
+              ("minillm_arith_gen", "exact_match,strip"): 0.95}
+    return {"served": dict(scores), "hf": dict(scores), "limit": 20, "seconds": {"served": 2.0, "hf": 6.0},
+            "log": Path("logs/chapter09-lm-eval.log"),
+            "per_question": {"minillm_arith_mc": {"same": 20, "questions": 20, "loglikelihood_gap": 3.9e-5},
+                             "minillm_arith_gen": {"same": 20, "questions": 20}}} | changes
+
+
+def test_the_eval_words_follow_the_scores():
+    text, holds = describe_eval(_eval_numbers())
+    assert holds and "equal scores on every metric" in text and "20 of 20 (minillm_arith_gen)" in text
+    assert "3.9e-05" in text
+    mixed = _eval_numbers(per_question={"minillm_arith_mc": {"same": 18, "questions": 20, "loglikelihood_gap": 0.7},
+                                        "minillm_arith_gen": {"same": 20, "questions": 20}})
+    text, holds = describe_eval(mixed)
+    assert not holds and "not every answer: 18 of 20 (minillm_arith_mc)" in text
+    worse = _eval_numbers(served={("minillm_arith_mc", "acc,none"): 0.25, ("minillm_arith_mc", "acc_norm,none"): 0.75,
+                                  ("minillm_arith_gen", "exact_match,strip"): 0.95})
+    text, holds = describe_eval(worse)
+    assert not holds and "The scores differ (minillm_arith_mc acc: 0.750 with hf, 0.250 through the server)" in text
+    assert "acc_norm" not in text and "logs/chapter09-lm-eval.log" in text
