@@ -64,8 +64,9 @@ class CpuUse:
         return self.others_cores > self.spare_cores + SPARE_CORE_SLACK
 
     def describe(self) -> str:
+        threads = f"{self.threads} thread{'s' * (self.threads != 1)}"
         needed = ("while our threads needed every core" if self.spare_cores == 0
-                  else f"more than the {self.spare_cores:g} our {self.threads} thread{'s' * (self.threads != 1)} left free")
+                  else f"more than the {self.spare_cores:g} our {threads} left free")
         return f"other programs kept {self.others_cores:.1f} of this machine's {self.cores} cores busy, {needed}"
 
 
