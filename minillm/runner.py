@@ -66,6 +66,7 @@ class ModelRunner:
         self.recorded = recorded  # pure-decode steps through a CUDA Graph or a compiled step (chapter 8)
         self.sampling: dict[str, tuple[SamplingParams, torch.Generator | None]] = {}
         self.requests: dict[str, Request] = {}  # what the processors read: prompt and output tokens
+        self.prompt_tokens: dict[str, torch.Tensor] = {}  # a repetition penalty's prompt ids, distinct, made once
 
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput, proposals: Mapping[str, Proposal] | None = None) -> StepResult:
@@ -75,12 +76,15 @@ class ModelRunner:
         for request_id in output.finished_ids:  # first: a finished request's id may be reused by a new one
             self.sampling.pop(request_id, None)
             self.requests.pop(request_id, None)
+            self.prompt_tokens.pop(request_id, None)
         for admitted in output.new_requests:  # a preempted request comes back with its generator as it was
             for request in admitted.samples:  # the samples still to fork draw their first token with it
                 if request.request_id not in self.sampling:
                     self.sampling[request.request_id] = (request.params, request.params.make_generator(
                         self.model.device))
                     self.requests[request.request_id] = request
+                    if request.params.repetition_penalty != 1.0:  # read every step: one tensor, not a list
+                        self.prompt_tokens[request.request_id] = torch.tensor(sorted(set(request.prompt_token_ids)))
         if output.block_copies:
             self.cache.copy_blocks(list(output.block_copies))
         if output.slot_copies:
@@ -154,12 +158,13 @@ class ModelRunner:
             start = len(rows)
             for j in range(chunk.num_drafts + 1):  # row j follows the first j guesses
                 history = request.output_token_ids + drafts[:j] if j else request.output_token_ids
-                rows.append(SamplingRow(params, request.prompt_token_ids, history, generator))
+                rows.append(SamplingRow(params, self.prompt_tokens.get(chunk.request_id, request.prompt_token_ids),
+                                        history, generator))
                 logit_rows.append(first + j)
             for child_id in chunk.forks:
                 child, (child_params, child_generator) = self.requests[child_id], self.sampling[child_id]
-                rows.append(SamplingRow(child_params, child.prompt_token_ids, child.output_token_ids,
-                                        child_generator))
+                rows.append(SamplingRow(child_params, self.prompt_tokens.get(child_id, child.prompt_token_ids),
+                                        child.output_token_ids, child_generator))
                 logit_rows.append(first + chunk.num_drafts)
             owners.append((chunk, start, [chunk.request_id, *chunk.forks]))
             first += chunk.num_drafts + 1
