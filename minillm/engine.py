@@ -499,16 +499,19 @@ class LLMEngine:
         text = ""
         for index in range(first, first + count):
             request.metrics.record_token(now)
+            # the output up to this token: the list itself for the newest (no copy per token: O(1), not O(n))
+            so_far = request.output_token_ids if index == request.num_output_tokens - 1 else \
+                request.output_token_ids[: index + 1]
             try:
                 if request.params.include_stop_str_in_output or not ends_on_stop_token(
-                        request.output_token_ids[: index + 1], request.params, self.model.config.eos_token_ids):
+                        so_far, request.params, self.model.config.eos_token_ids):
                     text += detok.push(request.output_token_ids[index])  # a stop token's own text is left out
             except Exception as err:  # a tokenizer that cannot decode its token: this request alone fails
                 del request.output_token_ids[index + 1 :]
                 del request.output_logprobs[index + 1 :]
                 self.fail(request.request_id, err)
                 return text
-            reason = stop_reason(request.output_token_ids[: index + 1], request.num_prompt_tokens, request.params,
+            reason = stop_reason(so_far, request.num_prompt_tokens, request.params,
                                  self.model.config.eos_token_ids, self.max_model_len,
                                  stop_string_found=detok.stopped_by is not None)
             if reason is not None:  # an error while retiring it is the engine's, not the request's: it propagates
