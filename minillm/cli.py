@@ -151,6 +151,9 @@ def _add_serve(commands) -> None:
     engine.add_argument("--cuda-graphs", action="store_true", help="CUDA Graphs for decode steps (GPU)")
     engine.add_argument("--device", default=None, type=_device)
     engine.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"))
+    engine.add_argument("--trace-steps", type=_ranged(int, 1), default=64,
+                        help="steps the engine's trace keeps for widgets and tests (default 64: a server's trace "
+                             "would otherwise hold every running request's block table for thousands of steps)")
 
 
 def engine_config(args):
@@ -164,7 +167,8 @@ def engine_config(args):
                         chunked_prefill=args.chunked_prefill,
                         max_tokens_per_prefill_chunk=args.max_tokens_per_prefill_chunk, speculative=spec,
                         compile=args.compile, cuda_graphs=args.cuda_graphs,
-                        device=None if args.device is None else str(args.device), dtype=args.dtype)
+                        device=None if args.device is None else str(args.device), dtype=args.dtype,
+                        trace_max_steps=args.trace_steps)
 
 
 def serve(args) -> int:

@@ -185,6 +185,7 @@ def test_serve_on_a_port_in_use_is_one_line_and_announces_nothing(capsys):
 @pytest.mark.parametrize(("args", "message"), [
     (["serve", "--port", "70000"], "must be >= 0 and <= 65535"),
     (["serve", "--default-max-tokens", "0"], "must be >= 1"),
+    (["serve", "--trace-steps", "0"], "must be >= 1"),
     (["bench", "--rate", "0"], "must be > 0"),
     (["bench", "--rate", "nan"], "must be > 0"),
     (["bench", "--num-prompts", "0"], "must be >= 1"),
@@ -198,3 +199,11 @@ def test_bad_serve_and_bench_flags_are_one_line(capsys, args, message):
         main(args)
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and message in err and err.count("\n") == 1
+
+
+def test_serve_keeps_a_short_trace_unless_asked():
+    """A server's trace holds every running request's block table per step: 64 steps by default."""
+    from minillm.cli import build_parser, engine_config
+
+    assert engine_config(build_parser().parse_args(["serve"])).trace_max_steps == 64
+    assert engine_config(build_parser().parse_args(["serve", "--trace-steps", "5000"])).trace_max_steps == 5000
