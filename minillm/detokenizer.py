@@ -16,6 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
+
 from minillm.sampling import SamplingParams
 
 CONTEXT_TOKENS = 5  # tokens of left context used to decode each delta
@@ -36,6 +39,14 @@ class IncrementalDetokenizer:
         self.stopped_by: str | None = None  # the stop string that ended generation
         self.min_tokens, self.pushed = min_tokens, 0
         self.search_from = 0  # stop strings count from here on: the text after the first min_tokens tokens
+        # A Hugging Face fast tokenizer decodes a stream itself (tokenizers' DecodeStream: each token once,
+        # where `decode(context + new) - decode(context)` decodes it twice); other tokenizers take the rule below.
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        # (Not after a prompt that ends inside a character: the stream would release that character's
+        # broken bytes with the first token; the rule below leaves the prompt's bytes to the prompt.)
+        streamable = isinstance(self._backend, Tokenizer) and not self._decode(self.ids).endswith("\ufffd")
+        self._stream = DecodeStream(ids=list(self.ids), skip_special_tokens=skip_special_tokens) \
+            if streamable else None
 
     @classmethod
     def for_request(cls, tokenizer, prompt_ids: Sequence[int], params: SamplingParams) -> IncrementalDetokenizer:
@@ -54,6 +65,12 @@ class IncrementalDetokenizer:
             self.search_from = len(self.decoded)
         self.pushed += 1
         self.ids.append(token_id)
+        if self._stream is not None:  # the same rule, in the tokenizers library: each token decoded once
+            piece = self._stream.step(self._backend, token_id)
+            if piece:
+                self.decoded += piece
+                self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+            return self._release(final=False)
         before = self._decode(self.ids[self.prefix_offset : self.read_offset])
         after = self._decode(self.ids[self.prefix_offset :])
         if len(after) > len(before) and not after.endswith("\ufffd"):

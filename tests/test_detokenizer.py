@@ -2,6 +2,8 @@
 stop strings cut the text before them."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from minillm.detokenizer import IncrementalDetokenizer
 from minillm.model import load_tokenizer
@@ -56,3 +58,21 @@ def test_text_that_might_start_a_stop_string_is_held_back_then_released(tokenize
     deltas, detok = stream(tokenizer, "abc xyz abd", stop=("abd!",))
     assert detok.stopped_by is None
     assert "".join(deltas) == "abc xyz abd"
+
+
+@settings(max_examples=150, deadline=None)
+@given(ids=st.lists(st.integers(0, 4095), max_size=40), context=st.lists(st.integers(0, 4095), max_size=8),
+       skip=st.booleans(), stop=st.sampled_from([(), ("e",), ("\n\n", "th")]))
+def test_the_tokenizers_stream_and_the_two_decode_rule_give_the_same_deltas(tokenizer, ids, context, skip, stop):
+    """The fast tokenizer's DecodeStream (each token decoded once) against the rule it replaces
+    (decode(context + new) - decode(context)), on any ids: broken UTF-8, special tokens, stop strings."""
+    def deltas(streamed: bool) -> tuple[list[str], str, str | None]:
+        detok = IncrementalDetokenizer(tokenizer, context, stop, skip_special_tokens=skip)
+        # the shipped tokenizer is a fast one: it streams, unless the context ends inside a character
+        assert (detok._stream is not None) == (not tokenizer.decode(context[-5:]).endswith("\ufffd"))
+        if not streamed:
+            detok._stream = None
+        out = [detok.push(i) for i in ids] + [detok.flush()]
+        return out, detok.text, detok.stopped_by
+
+    assert deltas(True) == deltas(False)
