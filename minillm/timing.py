@@ -63,6 +63,11 @@ class CpuUse:
     def busy(self) -> bool:
         return self.others_cores > self.spare_cores + SPARE_CORE_SLACK
 
+    @property
+    def free_cores(self) -> int:
+        """The cores other programs left free, rounded (at least one): as many threads as fit beside them."""
+        return max(1, int(self.cores - self.others_cores + 0.5))
+
     def describe(self) -> str:
         threads = f"{self.threads} thread{'s' * (self.threads != 1)}"
         needed = ("while our threads needed every core" if self.spare_cores == 0
@@ -216,26 +221,43 @@ def interleaved(runs: Mapping[str, Callable[[], T]], rounds: int = 3, *, warmup:
     if rounds < 1 or not runs:
         raise ValueError(f"need at least one round and one configuration, got {rounds} rounds, {len(runs)} runs")
     names = list(runs)
+    threads = torch.get_num_threads()
     if progress:
         with CpuWatch(include) as glance:
             time.sleep(0.25)
         if glance.use is not None and glance.use.busy:
-            print(textwrap.fill(f"⚠ Before measuring: {glance.use.describe()}. The timings below will be disturbed.",
-                                100), flush=True)
-    if warmup:
-        for name in names:
-            _say(progress, f"warming up: {name}")
-            runs[name]()
+            threads = min(threads, glance.use.free_cores)
+            fewer = "" if threads == torch.get_num_threads() else (
+                f" Meanwhile torch computes with {threads} thread{'s' * (threads != 1)} instead of "
+                f"{torch.get_num_threads()}: one that waits for a busy core stalls every operation of the others.")
+            print(textwrap.fill(f"⚠ Before measuring: {glance.use.describe()}. The timings below will be "
+                                f"disturbed.{fewer}", 100), flush=True)
     results: dict[str, list[T]] = {name: [] for name in names}
-    with CpuWatch(include) as watch:
-        for r in range(rounds):
-            for name in names[r % len(names):] + names[: r % len(names)]:
-                _say(progress, f"measuring: round {r + 1} of {rounds}, {name}")
-                results[name].append(runs[name]())
+    with torch_threads(threads):
+        if warmup:
+            for name in names:
+                _say(progress, f"warming up: {name}")
+                runs[name]()
+        with CpuWatch(include) as watch:
+            for r in range(rounds):
+                for name in names[r % len(names):] + names[: r % len(names)]:
+                    _say(progress, f"measuring: round {r + 1} of {rounds}, {name}")
+                    results[name].append(runs[name]())
     assert watch.use is not None
     _say(progress, f"measured {len(names)} configuration{'s' * (len(names) > 1)} x {rounds} "
                    f"round{'s' * (rounds > 1)} in {watch.use.wall_s:.1f} s", end="\n")
     return Trials(results, watch.use, rerun)
+
+
+@contextlib.contextmanager
+def torch_threads(count: int):
+    """torch's intra-op threads set to `count` for the block, as they were after it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _say(progress: bool, text: str, end: str = "") -> None:

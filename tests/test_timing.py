@@ -7,6 +7,7 @@ import itertools
 import math
 import time
 
+import psutil
 import pytest
 import torch
 
@@ -128,3 +129,29 @@ def test_same_tokens_returns_them_and_names_the_change_that_broke_them():
     assert same_tokens(Trials({"a": [run([1, 2])], "b": [run([1, 2])]}, quiet), "x") == [[1, 2]]
     with pytest.raises(AssertionError, match="the prefix cache changed a token"):
         same_tokens(Trials({"a": [run([1, 2])], "b": [run([1, 3])]}, quiet), "the prefix cache")
+
+
+def test_on_a_busy_machine_the_rounds_run_with_the_threads_that_fit_beside_the_other_work(capsys):
+    """One busy program beside torch's threads on every core: a thread sharing a core with it stalls
+    every operation (a chapter's cell took 88 s instead of 4). The rounds then run with one thread
+    fewer, say so, and the threads are as they were afterwards."""
+    cores = psutil.cpu_count() or 1
+    if cores < 2:
+        pytest.skip("one core: no thread to spare")
+    before = torch.get_num_threads()
+    torch.set_num_threads(cores)
+    try:
+        with cpu_hog(1):
+            trials = interleaved({"a": torch.get_num_threads, "b": torch.get_num_threads}, rounds=2)
+        assert torch.get_num_threads() == cores
+    finally:
+        torch.set_num_threads(before)
+    printed = " ".join(capsys.readouterr().out.split())  # the words, unwrapped
+    assert trials.values("a") == trials.values("b") == [cores - 1] * 2, printed
+    assert f"torch computes with {cores - 1} thread" in printed and f"instead of {cores}" in printed
+    assert trials.cpu.threads == cores - 1
+
+
+def test_free_cores_round_what_others_leave():
+    use = lambda others: CpuUse(wall_s=1.0, ours_s=0.0, others_s=others, cores=2, threads=2)  # noqa: E731
+    assert [use(o).free_cores for o in (0.0, 0.3, 1.0, 1.4, 2.0)] == [2, 2, 1, 1, 1]
