@@ -133,10 +133,10 @@ class _Allocator(Story):
 def allocate_takes_the_free_queue_first(cls: type) -> None:
     """allocate takes blocks from the front of the free queue, with ref count 1, before evicting anything."""
     a = _Allocator(cls, 4)
-    a.do([0, 1], "allocate", 2)
+    a.do([0, 1], "allocate", 2, why="the front of the free queue")
     a.expect_state([2, 3], [], [1, 1, 0, 0], set(), "two blocks taken from the front")
     a.do(None, "cache", 0), a.do(None, "release", 0)
-    a.do([2], "allocate", 1)
+    a.do([2], "allocate", 1, why="a free block is left, so the cached block 0 is kept")
     a.expect_state([3], [0], [0, 1, 1, 0], {0}, "a free block was left: the cached block 0 is kept")
 
 
@@ -158,7 +158,7 @@ def allocate_evicts_the_least_recently_used_once_the_free_queue_is_empty(cls: ty
     for block in (0, 1, 2):
         a.do(None, "cache", block)
     a.do(None, "release", 1), a.do(None, "release", 0)
-    a.do([1], "allocate", 1)
+    a.do([1], "allocate", 1, why="no free block: 1, released first, is the least recently used")
     a.expect_state([], [0], [0, 1, 1], {0, 2}, "1 was released first: least recently used, evicted and uncached")
 
 
@@ -170,7 +170,7 @@ def a_hit_revives_an_evictable_block_and_protects_it(cls: type) -> None:
     a.do(None, "cache", 0), a.do(None, "release", 0), a.do(None, "release", 1)
     a.do(None, "hit", 0)
     a.expect_state([1], [], [1, 0], {0}, "block 0 found by a lookup: held again")
-    a.do([1], "allocate", 1)
+    a.do([1], "allocate", 1, why="the free block; block 0 is held again")
     a.fails(MemoryError, "allocate", 1)
 
 
@@ -195,7 +195,7 @@ def running_out_raises_memory_error_and_changes_nothing(cls: type) -> None:
     a.do(None, "cache", 0), a.do(None, "release", 0)
     a.fails(MemoryError, "allocate", 3)
     a.expect_state([2], [0], [0, 1, 0], {0}, "2 blocks available (one free, one evictable), 3 asked")
-    a.do([2, 0], "allocate", 2)
+    a.do([2, 0], "allocate", 2, why="the free block, then the evictable one")
 
 
 @evict.case
@@ -228,7 +228,7 @@ def matches_the_engines_block_pool_on_random_operations(cls: type) -> None:
             if op == "allocate":
                 k = rng.randint(1, 3)
                 try:
-                    a.do(pool.take(k), "allocate", k)
+                    a.do(pool.take(k), "allocate", k, why="what minillm's BlockPool hands out")
                 except OutOfBlocks:
                     a.fails(MemoryError, "allocate", k)
             elif op == "cache":
@@ -285,9 +285,14 @@ def _expect_blocks(fn: Callable, token_ids: list[int], block_size: int, cache: C
     blocks = {tuple(token_ids[i : i + block_size]) for i in range(0, len(token_ids), block_size)}
     relevant = {k: v for k, v in cache.items() if v[1] in blocks}  # a big cache: only the entries that could matter
     shown = ", ".join(f"{k if abs(k) < 1000 else '<key>'}: {v}" for k, v in relevant.items())  # long keys: unreadable
-    others = f", and {len(cache) - len(relevant)} entries holding other tokens" if len(relevant) < len(cache) else ""
-    given = (f"reusable_blocks({token_ids}, block_size={block_size}, cache={{{shown}}}{others}, "
-             f"key_fn={key_fn.__name__})")
+    hidden = len(cache) - len(relevant)
+    if not hidden:
+        described = f"cache={{{shown}}}"
+    elif relevant:
+        described = f"a cache of {len(cache)} entries, those holding these tokens {{{shown}}}"
+    else:
+        described = f"a cache of {hidden} entr{'y' if hidden == 1 else 'ies'}, none holding a block of these tokens"
+    given = f"reusable_blocks({token_ids}, block_size={block_size}, {described}, key_fn={key_fn.__name__})"
     got = call(given, f"{want} ({why})", fn, list(token_ids), block_size, dict(cache), key_fn)
     expect(isinstance(got, list) and got == want, given, f"{want} ({why})", repr(got))
 

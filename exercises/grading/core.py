@@ -129,10 +129,11 @@ class Story:
         self.story = f"{name}({', '.join(shown)})"
         self.impl = call(self.story, f"a {name}", cls, *args, **kwargs)
 
-    def do(self, want: Any, method: str, *args: Any) -> Any:
-        """Call `method(*args)`; it must return the list `want` (anything, when want is None)."""
+    def do(self, want: Any, method: str, *args: Any, why: str | None = None) -> Any:
+        """Call `method(*args)`; it must return the list `want` (anything, when want is None), for the
+        reason `why` (said in the FAIL)."""
         self.story += f", {method}({', '.join(map(repr, args))})"
-        expected = "no error" if want is None else f"it to return {want!r}"
+        expected = "no error" if want is None else f"it to return {want!r}" + (f" ({why})" if why else "")
         got = call(self.story, expected, lambda: getattr(self.impl, method)(*args))
         if want is not None:
             expect(isinstance(got, list) and got == want, self.story, expected, repr(got))
@@ -142,6 +143,7 @@ class Story:
         """Call `method(*args)`; it must raise `error`."""
         self.story += f", {method}({', '.join(map(repr, args))})"
         expect_raises(error, self.story, lambda: getattr(self.impl, method)(*args))
+        self.story += f" → {error.__name__}"  # what later calls of the story follow
 
     def expect_state(self, why: str, **want: list | set) -> None:
         """Each named attribute, read as a list (or a set, where `want` gives a set), must equal `want`'s."""
