@@ -31,8 +31,9 @@ import torch
 T = TypeVar("T")
 Metric = Callable[[T], float]  # reads a number (a time, a rate) out of one run's result
 
-# Other processes may keep this much of a core busy, on average, beyond the cores our threads leave free.
-# One busy program per core beside our one thread on two cores takes 4/3 of them (a third of ours): busy.
+# Other processes may take this much of a core per thread of ours, on average, beyond the cores our threads
+# leave free: a fifth of our compute. (One busy program per core beside our one thread on two cores takes
+# 4/3 of them, a third of ours: busy. A browser's 0.3 of a core beside our two threads on two cores: not.)
 SPARE_CORE_SLACK = 0.2
 # A comparison is only as good as its rounds: the same configuration may vary this much (max / min).
 MAX_SPREAD = 1.5
@@ -61,7 +62,7 @@ class CpuUse:
 
     @property
     def busy(self) -> bool:
-        return self.others_cores > self.spare_cores + SPARE_CORE_SLACK
+        return self.others_cores > self.spare_cores + SPARE_CORE_SLACK * max(self.threads, 1)
 
     @property
     def free_cores(self) -> int:

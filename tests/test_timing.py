@@ -44,7 +44,8 @@ def test_a_comparison_that_goes_both_ways_is_flagged():
 
 
 @pytest.mark.parametrize(("others_s", "cores", "threads", "busy"),
-                         [(0.2, 2, 2, False), (0.4, 2, 2, True), (1.2, 4, 2, False), (2.5, 4, 2, True)])
+                         [(0.35, 2, 2, False), (0.5, 2, 2, True), (1.15, 2, 1, False), (1.3, 2, 1, True),
+                          (2.3, 4, 2, False), (2.5, 4, 2, True)])
 def test_busy_means_others_took_cores_our_threads_needed(others_s, cores, threads, busy):
     assert CpuUse(wall_s=1.0, ours_s=1.0, others_s=others_s, cores=cores, threads=threads).busy is busy
 
