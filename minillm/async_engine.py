@@ -77,6 +77,12 @@ class AsyncLLM:
             net, tokenizer = load(model, dtype=config.dtype, device=config.device)
             engine = LLMEngine(net, tokenizer, config)
         self.engine = engine
+        self._front_end(engine.tokenizer, engine.model.config, engine.config, engine.max_model_len)
+
+    def _front_end(self, tokenizer, model_config, config: EngineConfig, max_model_len: int) -> None:
+        """What the caller's side needs to check and tokenize requests, and its queues."""
+        self.tokenizer, self.model_config, self.config, self.max_model_len = tokenizer, model_config, config, \
+            max_model_len
         self._pending: list[_Submission] = []
         self._aborts: list[str] = []
         self._streams: dict[str, asyncio.Queue] = {}
@@ -90,15 +96,23 @@ class AsyncLLM:
         """The prompt's checked token ids, worked out in a worker thread (the event loop keeps serving).
         A text too long to fit the context whatever its tokens is refused before it is tokenized; a
         list of ids longer than the context before its ids are looked at. Raises ValueError (prompts.py)."""
-        loop, engine = asyncio.get_running_loop(), self.engine
-        vocab_size = engine.model.config.vocab_size
+        loop, vocab_size = asyncio.get_running_loop(), self.model_config.vocab_size
         if isinstance(prompt, str):
             if self._chars_per_token is None:
-                self._chars_per_token = await loop.run_in_executor(None, longest_token_chars, engine.tokenizer,
+                self._chars_per_token = await loop.run_in_executor(None, longest_token_chars, self.tokenizer,
                                                                    vocab_size)
-            check_text_length(prompt, engine.max_model_len, self._chars_per_token)
-        return await loop.run_in_executor(None, encode_prompt, engine.tokenizer, prompt, engine.max_model_len,
+            check_text_length(prompt, self.max_model_len, self._chars_per_token)
+        return await loop.run_in_executor(None, encode_prompt, self.tokenizer, prompt, self.max_model_len,
                                           vocab_size, add_special_tokens)
+
+    def gauges(self) -> dict[str, float]:
+        """The engine's state now (running, waiting, KV blocks...): `LLMEngine.gauges`."""
+        return self.engine.gauges()
+
+    @property
+    def error(self) -> str | None:
+        """Why this AsyncLLM can serve no more requests (its engine core is gone), or None."""
+        return None
 
     def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
                request_id: str | None = None) -> asyncio.Future:
@@ -162,6 +176,11 @@ class AsyncLLM:
         future = loop.create_future()
         if request_id is not None and (not isinstance(request_id, str) or not request_id):
             future.set_exception(ValueError(f"request_id must be a non-empty str or None, got {request_id!r}"))
+            self._end_stream(stream)
+            return future
+        if request_id is not None and any(sub.request_id == request_id for sub in (*self._pending, *self._resolving)):
+            # an earlier submission still being tokenized holds the id: refused now, whichever tokenizes first
+            future.set_exception(ValueError(f"request_id {request_id!r} is already in use"))
             self._end_stream(stream)
             return future
         n = params.n if isinstance(params, SamplingParams) else 1

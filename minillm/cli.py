@@ -151,6 +151,11 @@ def _add_serve(commands) -> None:
     engine.add_argument("--cuda-graphs", action="store_true", help="CUDA Graphs for decode steps (GPU)")
     engine.add_argument("--device", default=None, type=_device)
     engine.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"))
+    engine.add_argument("--engine-core", choices=("process", "thread"), default="process",
+                        help="where the engine steps: a process of its own (default; chapter 10), or a thread of "
+                             "the server's process (chapter 9)")
+    engine.add_argument("--core-threads", type=_ranged(int, 1), default=None,
+                        help="torch threads of the engine core process (default: torch's, one per core)")
     engine.add_argument("--trace-steps", type=_ranged(int, 1), default=64,
                         help="steps the engine's trace keeps for widgets and tests (default 64: a server's trace "
                              "would otherwise hold every running request's block table for thousands of steps)")
@@ -176,6 +181,7 @@ def serve(args) -> int:
         import uvicorn  # noqa: F401
 
         from minillm.async_engine import AsyncLLM
+        from minillm.engine_core import ProcessAsyncLLM
         from minillm.server import build_app
     except ImportError as err:
         print(f"minillm: error: serving needs the 'serve' extra (pip install -e '.[serve]'): {err}", file=sys.stderr)
@@ -187,8 +193,13 @@ def serve(args) -> int:
         return USAGE_ERROR
     with sock:
         try:
-            llm = AsyncLLM(args.model, engine_config(args))
-        except (ValueError, FileNotFoundError, OSError) as err:
+            if args.engine_core == "process":
+                from minillm.engine_core import ProcessAsyncLLM
+
+                llm = ProcessAsyncLLM(args.model, engine_config(args), threads=args.core_threads)
+            else:
+                llm = AsyncLLM(args.model, engine_config(args))
+        except (ValueError, FileNotFoundError, OSError, RuntimeError) as err:
             print(f"minillm: error: {err}", file=sys.stderr)
             return USAGE_ERROR
         name = args.served_model_name or args.model or "minillm-target"
@@ -196,7 +207,11 @@ def serve(args) -> int:
                         cors_origins=args.allowed_origins)
         host, port = sock.getsockname()[:2]
         url = f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
-        _run_server(app, sock, f"serving {name!r} on {url} (OpenAI-compatible; Ctrl-C stops)")
+        try:
+            _run_server(app, sock, f"serving {name!r} on {url} (OpenAI-compatible; Ctrl-C stops)")
+        finally:
+            if isinstance(llm, ProcessAsyncLLM):
+                llm.close()
     return 0
 
 

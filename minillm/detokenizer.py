@@ -20,6 +20,7 @@ from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
 from minillm.sampling import SamplingParams
+from minillm.stopping import ends_on_stop_token
 
 CONTEXT_TOKENS = 5  # tokens of left context used to decode each delta
 
@@ -77,6 +78,13 @@ class IncrementalDetokenizer:
             self.decoded += after[len(before) :]
             self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
         return self._release(final=False)
+
+    def push_output(self, output_ids: Sequence[int], params: SamplingParams, eos_token_ids) -> str:
+        """Add the newest token of a request's output `output_ids`, unless it is a stop token whose text is
+        left out of the output (EOS, a stop token id; kept with `include_stop_str_in_output`)."""
+        if not params.include_stop_str_in_output and ends_on_stop_token(output_ids, params, eos_token_ids):
+            return ""
+        return self.push(output_ids[-1])
 
     def _release(self, final: bool) -> str:
         # A stop string can only start in text not yet released (that is what hold_back ensures), and

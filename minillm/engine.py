@@ -53,7 +53,7 @@ from minillm.sampling import SamplingParams
 from minillm.scheduler import ContinuousScheduler, SchedulerOutput, StaticScheduler
 from minillm.scheduler.admission import refusal
 from minillm.speculative.proposers import DraftModelProposer, NgramProposer, Proposal
-from minillm.stopping import ends_on_stop_token, stop_reason
+from minillm.stopping import stop_reason
 from minillm.trace import SlotState, StepRecord, Trace
 
 logger = logging.getLogger("minillm")
@@ -120,8 +120,11 @@ class LLMEngine:
     Its methods are not thread-safe on their own: whoever drives it holds `engine.lock` (`LLM` for
     a whole `generate` call, `AsyncLLM` around each step and between steps)."""
 
-    def __init__(self, model: CausalLM, tokenizer, config: EngineConfig | None = None):
+    def __init__(self, model: CausalLM, tokenizer, config: EngineConfig | None = None, detokenize: bool = True):
+        """`detokenize=False`: the engine core of chapter 10, which leaves text to its front end — it judges
+        only the stops that need no text (EOS, stop tokens, lengths); its outputs' text stays empty."""
         self.model, self.tokenizer = model, tokenizer
+        self.detokenize = detokenize
         self.config = config = config or EngineConfig()
         if not isinstance(config, EngineConfig):
             raise ValueError(f"config must be an EngineConfig, got {type(config).__name__}")
@@ -270,7 +273,8 @@ class LLMEngine:
         if params.prompt_logprobs is not None:
             request.prompt_logprobs = [None]  # the first token has no context to be predicted from
         for sample in request.samples:
-            self.detokenizers[sample.request_id] = IncrementalDetokenizer.for_request(self.tokenizer, ids, params)
+            if self.detokenize:
+                self.detokenizers[sample.request_id] = IncrementalDetokenizer.for_request(self.tokenizer, ids, params)
             self.requests[sample.request_id] = sample
         self.scheduler.add(request)
         return request
@@ -297,6 +301,18 @@ class LLMEngine:
         text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
         request = self.requests.get(request_id) if isinstance(request_id, str) else None
         return request is not None and self._finish(request.parent or request, "error", text)
+
+    def finish_sample(self, sample_id: str, reason: str) -> bool:
+        """End one sample of a request (`reason`: "stop" when the front end found a stop string in its text),
+        freeing its slot and blocks; the request's other samples go on. False if unknown or already done."""
+        sample = self.requests.get(sample_id) if isinstance(sample_id, str) else None
+        if sample is None or sample.status.is_done:
+            return False
+        self.scheduler.finish(sample, reason)
+        sample.metrics.finish_time = time.perf_counter()
+        if not self._in_step:
+            self._record_between_steps()
+        return True
 
     def _finish(self, request: Request, reason: str, error: str | None = None) -> bool:
         live = [s for s in request.samples if not s.status.is_done]
@@ -336,6 +352,26 @@ class LLMEngine:
         without one)."""
         cache = self.pool.cache if self.pool is not None else None
         return cache.hit_rate if cache is not None else None
+
+    def gauges(self) -> dict[str, float]:
+        """The engine's state now, by name (the server's /metrics): requests running and waiting, preemptions,
+        KV blocks, prefix-cache and speculative counters where those are on."""
+        gauges = {"requests_running": len(self.scheduler.running), "requests_waiting": len(self.scheduler.waiting),
+                  "preemptions": self.num_preemptions}
+        if self.pool is not None:
+            gauges |= {"kv_blocks_total": self.pool.num_blocks,
+                       "kv_blocks_used": self.pool.num_blocks - self.pool.num_free_blocks,
+                       "kv_blocks_cached": len(self.pool.evictable)}
+        if self.prefix_cache_hit_rate is not None:  # first admissions only: a preempted request finding its
+            cache = self.pool.cache  #                  own blocks again is counted apart (it shared nothing)
+            gauges |= {"prefix_cache_hit_rate": self.prefix_cache_hit_rate,
+                       "prefix_cache_queried_tokens": cache.queried_tokens, "prefix_cache_hit_tokens": cache.hit_tokens,
+                       "prefix_cache_readmitted_queried_tokens": cache.readmitted_queried_tokens,
+                       "prefix_cache_readmitted_hit_tokens": cache.readmitted_hit_tokens}
+        if (speculative := self.speculative_metrics) is not None:
+            gauges["speculative_acceptance_rate"] = speculative["acceptance_rate"]
+            gauges["speculative_tokens_per_pass"] = speculative["tokens_per_pass"]
+        return gauges
 
     def unfinished_ids(self) -> list[str]:
         """Requests (not their forked samples) with a sample still running or waiting."""
@@ -494,7 +530,7 @@ class LLMEngine:
         """Record the `count` newest tokens of `request` one by one, retire the request at the first
         that ends it (stop strings need the text, so the stop rules are judged here) — tokens after
         it are dropped, never emitted — and return their new text."""
-        detok = self.detokenizers[request.request_id]
+        detok = self.detokenizers.get(request.request_id)  # none when the front end detokenizes
         first = request.num_output_tokens - count
         text = ""
         for index in range(first, first + count):
@@ -503,9 +539,8 @@ class LLMEngine:
             so_far = request.output_token_ids if index == request.num_output_tokens - 1 else \
                 request.output_token_ids[: index + 1]
             try:
-                if request.params.include_stop_str_in_output or not ends_on_stop_token(
-                        so_far, request.params, self.model.config.eos_token_ids):
-                    text += detok.push(request.output_token_ids[index])  # a stop token's own text is left out
+                if detok is not None:
+                    text += detok.push_output(so_far, request.params, self.model.config.eos_token_ids)
             except Exception as err:  # a tokenizer that cannot decode its token: this request alone fails
                 del request.output_token_ids[index + 1 :]
                 del request.output_logprobs[index + 1 :]
@@ -513,14 +548,14 @@ class LLMEngine:
                 return text
             reason = stop_reason(so_far, request.num_prompt_tokens, request.params,
                                  self.model.config.eos_token_ids, self.max_model_len,
-                                 stop_string_found=detok.stopped_by is not None)
+                                 stop_string_found=detok is not None and detok.stopped_by is not None)
             if reason is not None:  # an error while retiring it is the engine's, not the request's: it propagates
                 del request.output_token_ids[index + 1 :]  # guesses kept past the stop are not the request's
                 del request.output_logprobs[index + 1 :]
                 self.scheduler.finish(request, reason)
                 request.metrics.finish_time = now
                 try:
-                    text += detok.flush()
+                    text += detok.flush() if detok is not None else ""
                 except Exception as err:  # the text's last piece is lost; its tokens are complete
                     request.error = f"{type(err).__name__}: {err}"
                 break
@@ -555,7 +590,8 @@ class LLMEngine:
     def output(self, request_id: str) -> RequestOutput:
         r = self.requests[request_id]
         logprobs = r.params.logprobs is not None
-        outputs = [CompletionOutput(s.sample_index, self.detokenizers[s.request_id].text, list(s.output_token_ids),
+        texts = {s.request_id: d.text for s in r.samples if (d := self.detokenizers.get(s.request_id)) is not None}
+        outputs = [CompletionOutput(s.sample_index, texts.get(s.request_id, ""), list(s.output_token_ids),
                                     s.finish_reason, list(s.output_logprobs) if logprobs else None)
                    for s in r.samples]
         prompt_logprobs = list(r.prompt_logprobs) if r.params.prompt_logprobs is not None else None

@@ -88,8 +88,7 @@ def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None, defaul
 
     app = FastAPI(title="minillm", docs_url=None, redoc_url=None, lifespan=lifespan)
     created = int(time.time())
-    engine, tokenizer = llm.engine, llm.engine.tokenizer
-    vocab_size, max_len = engine.model.config.vocab_size, engine.max_model_len
+    tokenizer, vocab_size, max_len = llm.tokenizer, llm.model_config.vocab_size, llm.max_model_len
     history = ServerMetrics()
     formatter = LogprobFormatter(tokenizer)  # names tokens in logprobs (each id decoded once)
     decoder = BodyDecoder(max_items=max_list_items(max_len))  # no list in a usable request is longer
@@ -125,11 +124,14 @@ def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None, defaul
     # ------------------------------------------------------------------ the server and its model
     @app.api_route("/health", methods=["GET", "HEAD"])
     async def health(request: Request) -> Response:
+        if llm.error is not None:  # the engine core process is gone: this server can answer nothing
+            return Response(status_code=503) if request.method == "HEAD" else JSONResponse(
+                {"status": "unavailable", "error": llm.error}, status_code=503)
         return Response(status_code=200) if request.method == "HEAD" else JSONResponse({"status": "ok"})
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(history.render(llm.engine), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(history.render(llm.gauges()), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -213,18 +215,20 @@ def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None, defaul
         return True
 
     async def respond(request: Request, req: GenerationRequest, prompt: list[int]):
+        if llm.error is not None:
+            raise RequestError(503, f"the engine is not running: {llm.error}", kind="server_error")
         chat = req.messages is not None
         answer_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         param = "messages" if chat else "prompt"
         params = req.params
-        if params.n > 1 and engine.config.batching == "static":
+        if params.n > 1 and llm.config.batching == "static":
             raise RequestError(400, f"n={params.n} samples need continuous batching (this server batches statically)",
                                "n")
-        if params.n > engine.config.max_num_seqs:
+        if params.n > llm.config.max_num_seqs:
             raise RequestError(400, f"n={params.n} samples run at once, each in a batch slot, and this server has "
-                                    f"{engine.config.max_num_seqs} (--max-num-seqs)", "n")
+                                    f"{llm.config.max_num_seqs} (--max-num-seqs)", "n")
         try:  # what the parameters ask of the vocabulary (the engine checks it too, without naming the field)
-            params.check_vocab(vocab_size, engine.model.config.eos_token_ids)
+            params.check_vocab(vocab_size, llm.model_config.eos_token_ids)
         except ValueError as err:
             raise RequestError(400, str(err), "min_tokens" if "min_tokens" in str(err) else "logit_bias") from None
         prompt_text = ""

@@ -16,7 +16,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
-from minillm.engine import LLMEngine, RequestOutput
+from minillm.engine import RequestOutput
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)  # seconds
 
@@ -68,23 +68,9 @@ class ServerMetrics:
         if m.latency is not None:
             self.latency.observe(m.latency)
 
-    def render(self, engine: LLMEngine) -> str:
-        """The Prometheus text exposition of the engine's state now and the server's history."""
-        gauges = {"requests_running": len(engine.scheduler.running), "requests_waiting": len(engine.scheduler.waiting),
-                  "preemptions": engine.num_preemptions}
-        if engine.pool is not None:
-            gauges |= {"kv_blocks_total": engine.pool.num_blocks,
-                       "kv_blocks_used": engine.pool.num_blocks - engine.pool.num_free_blocks,
-                       "kv_blocks_cached": len(engine.pool.evictable)}
-        if engine.prefix_cache_hit_rate is not None:  # first admissions only: a preempted request finding its
-            cache = engine.pool.cache  #                  own blocks again is counted apart (it shared nothing)
-            gauges |= {"prefix_cache_hit_rate": engine.prefix_cache_hit_rate,
-                       "prefix_cache_queried_tokens": cache.queried_tokens, "prefix_cache_hit_tokens": cache.hit_tokens,
-                       "prefix_cache_readmitted_queried_tokens": cache.readmitted_queried_tokens,
-                       "prefix_cache_readmitted_hit_tokens": cache.readmitted_hit_tokens}
-        if engine.speculative_metrics is not None:
-            gauges["speculative_acceptance_rate"] = engine.speculative_metrics["acceptance_rate"]
-            gauges["speculative_tokens_per_pass"] = engine.speculative_metrics["tokens_per_pass"]
+    def render(self, gauges: dict[str, float]) -> str:
+        """The Prometheus text exposition of the engine's state now (`LLMEngine.gauges()`) and the server's
+        history."""
         lines = []
         for name, value in gauges.items():
             kind = "counter" if name == "preemptions" or name.endswith("_tokens") else "gauge"

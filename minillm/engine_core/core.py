@@ -1,0 +1,159 @@
+"""The engine core process: a busy loop around `LLMEngine` that never waits for its front end.
+
+    while the front end is there:
+        take every message waiting (add, abort, stop a sample) — wait for one only when idle
+        step the engine (schedule, forward, sample), send what it gave: one CoreStep
+
+The core decodes no text: its engine judges the stops that need none (EOS, stop token ids, lengths)
+and the front end, which has the text, tells it when a stop string ended a sample. The core's main
+thread is the only one doing torch work in its process, so its OpenMP threads have the cores to
+themselves (the in-process AsyncLLM steps in a worker thread beside the event loop's).
+
+It ends when told (`Shutdown`), and on its own when its front end is gone: the pipe's other end
+closed (the front end exited or was killed) or its parent process changed — never an orphan.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+from multiprocessing.connection import Connection
+
+import torch
+
+from minillm.engine import LLMEngine
+from minillm.engine_core.messages import (
+    AbortRequest,
+    AddRequest,
+    CoreFailed,
+    CoreReady,
+    CoreStep,
+    Refused,
+    RequestDone,
+    SampleTokens,
+    Shutdown,
+    StartCore,
+    StopSample,
+)
+from minillm.model.loader import load
+
+IDLE_POLL_S = 0.5  # how often an idle core checks that its front end is still there
+
+
+def main(inbox_fd: int, outbox_fd: int) -> None:
+    """The core process's main (`python -m minillm.engine_core.core INBOX_FD OUTBOX_FD`): read what to
+    serve from the front end, load the model, say `CoreReady` (or `CoreFailed` and why), then loop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the front end's: it shuts the core down
+    inbox, outbox = Connection(inbox_fd, writable=False), Connection(outbox_fd, readable=False)
+    try:
+        start: StartCore = inbox.recv()
+    except (EOFError, OSError):
+        return
+    if start.threads is not None:
+        torch.set_num_threads(start.threads)
+    try:
+        net, tokenizer = load(start.model, dtype=start.config.dtype, device=start.config.device)
+        engine = LLMEngine(net, tokenizer, start.config, detokenize=False)
+    except Exception as err:
+        try:
+            outbox.send(CoreFailed(err))
+        except Exception:  # an exception that does not pickle: its words then
+            outbox.send(CoreFailed(RuntimeError(f"{type(err).__name__}: {err}")))
+        return
+    outbox.send(CoreReady(engine.max_model_len, net.config))
+    with contextlib.suppress(EOFError, OSError):  # the front end went away while we sent
+        EngineCore(engine, inbox, outbox, start.parent_pid).run()
+
+
+class EngineCore:
+    def __init__(self, engine: LLMEngine, inbox: Connection, outbox: Connection, parent_pid: int):
+        self.engine, self.inbox, self.outbox, self.parent_pid = engine, inbox, outbox, parent_pid
+        self.live: set[str] = set()  # requests added and not yet reported done
+        self.news = CoreStep(0.0)  # what the messages themselves produced (refusals), sent with the next step
+        self.changed = False  # a message changed the engine's state since the last CoreStep was sent
+
+    def run(self) -> None:
+        while self._take_messages(wait=not self.engine.has_unfinished()):
+            if self.engine.has_unfinished():
+                self._send(self._step())
+            elif self.changed:  # nothing to step, but a message changed something (a refusal, freed blocks)
+                self.news.gauges = self.engine.gauges()
+                self._send(self.news)
+            self.changed = False
+
+    def _front_end_alive(self) -> bool:
+        return os.getppid() == self.parent_pid
+
+    def _take_messages(self, wait: bool) -> bool:
+        """Apply every message waiting (waiting for one first when `wait`). False when the core should end."""
+        try:
+            if wait:
+                while not self.inbox.poll(IDLE_POLL_S):
+                    if not self._front_end_alive():
+                        return False
+            elif not self._front_end_alive():
+                return False
+            while self.inbox.poll(0):
+                if not self._apply(self.inbox.recv()):
+                    return False
+        except (EOFError, OSError):  # the front end's end of the pipe is closed: it is gone
+            return False
+        return True
+
+    def _apply(self, message) -> bool:
+        engine = self.engine
+        self.changed = True
+        if isinstance(message, AddRequest):
+            try:
+                engine.add_request(message.prompt_token_ids, message.params, request_id=message.request_id,
+                                   arrival_time=message.arrival_time)
+                self.live.add(message.request_id)
+            except Exception as err:  # refused at the door: this request's error alone
+                self.news.refused.append(Refused(message.request_id, str(err)))
+        elif isinstance(message, AbortRequest):  # the front end has already answered its caller
+            if engine.abort(message.request_id) or message.request_id in self.live:
+                self._forget(message.request_id)
+        elif isinstance(message, StopSample):
+            engine.finish_sample(message.sample_id, "stop")
+        elif isinstance(message, Shutdown):
+            return False
+        return True
+
+    def _forget(self, request_id: str) -> None:
+        self.live.discard(request_id)
+        if request_id in self.engine.requests:
+            self.engine.release(request_id)
+
+    def _step(self) -> CoreStep:
+        engine = self.engine
+        updates = engine.step()
+        step, self.news = self.news, CoreStep(0.0)
+        step.time = time.perf_counter()
+        for update in updates:
+            if not (update.token_ids or update.sample_finished):
+                continue
+            sample = engine.requests[update.request_id].samples[update.index]
+            first = update.index == 0 and sample.num_output_tokens == len(update.token_ids)
+            step.samples.append(SampleTokens(
+                update.request_id, update.index, update.token_ids, update.logprobs,
+                sample.finish_reason if update.sample_finished else None,
+                sample.num_cached_tokens if first else None,
+                tuple(sample.prompt_logprobs) if first and sample.params.prompt_logprobs is not None else None))
+        for request_id in [r for r in self.live if engine.is_done(r)]:
+            request = engine.requests[request_id]
+            step.done.append(RequestDone(request_id, tuple(s.finish_reason for s in request.samples), request.error))
+            self._forget(request_id)
+        step.gauges = engine.gauges()
+        return step
+
+    def _send(self, step: CoreStep) -> None:
+        self.outbox.send(step)
+        if step is self.news:
+            self.news = CoreStep(0.0)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]))
