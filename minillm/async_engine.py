@@ -7,9 +7,14 @@
     async for delta in llm.stream("JULIET:", params):   # text as it is generated
         print(delta, end="")
 
-One background task runs the engine loop while there is work. Each step runs in a worker thread,
-so the event loop (Jupyter's included) stays responsive; submissions and aborts are queued and
-applied between steps, so the engine itself is only ever touched by one step at a time.
+One background task runs the engine loop while there is work: a step, then the event loop's other
+work (Jupyter's included: I/O, submissions, aborts), then the next step. Submissions and aborts are
+queued and applied between steps, so the engine itself is only ever touched by one step at a time.
+The step runs on the event loop's own thread, not a worker thread: on CPU, torch's operators in a
+second thread get an OpenMP thread team of their own, and with two teams on the cores libgomp makes
+every worker sleep between operators instead of spinning (a step loop measured 1.5x slower in a
+worker thread on two cores, with 50,000 context switches where the loop's thread has 50). A server
+that must answer during steps runs the engine core in its own process (minillm/engine_core/).
 
 A text prompt is tokenized in a worker thread before it is queued (`encode`), never on the event
 loop nor under the engine's lock: one long prompt holds up no other stream. A text too long for the
@@ -308,36 +313,30 @@ class AsyncLLM:
         if stream is not None:
             stream.put_nowait(None)
 
-    def _locked_step(self):
-        with self.engine.lock:
-            return self.engine.step()
-
     async def _run(self, epoch: int) -> None:
-        loop, lock = asyncio.get_running_loop(), self.engine.lock
+        lock = self.engine.lock
         while epoch == self._epoch:
             try:
                 with lock:
                     self._apply_queued()
                     if not self.engine.has_unfinished():
                         return
-                step = loop.run_in_executor(None, self._locked_step)
-                try:
-                    updates = await asyncio.shield(step)
-                except asyncio.CancelledError:  # the event loop is shutting down: nobody will await these
-                    await asyncio.wait([step])  # the step in flight finishes first
-                    with lock:
-                        self._end_all("the engine loop was cancelled", abort=True)
-                        self._pending, self._aborts = [], []
-                    raise
-                if epoch != self._epoch:  # reclaimed while the step ran
-                    return
-                with lock:
+                    updates = self.engine.step()  # on the event loop's thread: see the module's docstring
                     for update in updates:
                         stream = self._streams.get(update.request_id)
                         if stream is not None and (update.delta or update.token_ids or update.sample_finished):
                             stream.put_nowait(self._event(update))
                         if update.finished:
                             self._deliver(update.request_id)
+                try:
+                    await _let_the_loop_run()  # its other work between steps: I/O, submissions, aborts
+                except asyncio.CancelledError:  # the event loop is shutting down: nobody will await these
+                    with lock:
+                        self._end_all("the engine loop was cancelled", abort=True)
+                        self._pending, self._aborts = [], []
+                    raise
+                if epoch != self._epoch:  # reclaimed meanwhile
+                    return
             except Exception as err:  # a defect inside the engine: end what was in flight, keep serving
                 logger.exception("an engine step failed; its requests end with an error")
                 with lock:
@@ -367,3 +366,19 @@ class AsyncLLM:
             except Exception:
                 logger.exception("could not end request %r", request_id)
         return not self.engine.has_unfinished()
+
+
+MAX_YIELDS = 100  # at most this many rounds of the event loop's other work between two steps
+
+
+async def _let_the_loop_run() -> None:
+    """Yield to the event loop until its queue of ready callbacks is empty (or MAX_YIELDS rounds):
+    a step blocks the loop, and work such as a request's way through the HTTP server or a
+    cancellation takes several rounds, each of which would otherwise wait for a step of its own."""
+    await asyncio.sleep(0)
+    ready = getattr(asyncio.get_running_loop(), "_ready", None)  # asyncio's own loop; others: one round
+    for _ in range(MAX_YIELDS - 1):
+        if not ready:
+            return
+        await asyncio.sleep(0)
+

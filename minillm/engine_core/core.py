@@ -7,7 +7,7 @@
 The core decodes no text: its engine judges the stops that need none (EOS, stop token ids, lengths)
 and the front end, which has the text, tells it when a stop string ended a sample. The core's main
 thread is the only one doing torch work in its process, so its OpenMP threads have the cores to
-themselves (the in-process AsyncLLM steps in a worker thread beside the event loop's).
+themselves.
 
 It ends when told (`Shutdown`), and on its own when its front end is gone: the pipe's other end
 closed (the front end exited or was killed) or its parent process changed — never an orphan.
