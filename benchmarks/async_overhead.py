@@ -54,9 +54,9 @@ def worker(mode: str, requests: int, max_tokens: int) -> dict:
 
         llm = LLM("target", config)
         ids = prompts(llm.tokenizer)
-        llm.generate(ids[:4], warm, progress=False)
+        llm.generate(ids[:4], warm, use_tqdm=False)
         start = time.perf_counter()
-        outs = llm.generate(ids, params, progress=False)
+        outs = llm.generate(ids, params, use_tqdm=False)
         seconds = time.perf_counter() - start
     else:
         if mode == "async":
