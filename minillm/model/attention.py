@@ -12,6 +12,7 @@ from torch import nn
 from minillm.attention.backend import AttentionBackend
 from minillm.model.config import ModelConfig
 from minillm.model.layers import RMSNorm
+from minillm.model.linear import Linear
 from minillm.model.rope import Rotation
 
 
@@ -23,8 +24,8 @@ class SelfAttention(nn.Module):
         self.q_size, self.kv_size = config.q_size, config.kv_size
         self.scale = config.head_dim**-0.5
         # q, k and v in one matmul: rows [0, q_size) are q, then k, then v.
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.o_bias)
+        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.o_bias)
         if config.qk_norm:
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)

@@ -7,13 +7,13 @@ with their positions beside them; the attention backend knows where each sequenc
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from minillm.attention.backend import AttentionBackend
 from minillm.model.attention import SelfAttention
 from minillm.model.config import ModelConfig
 from minillm.model.layers import GatedMLP, RMSNorm
+from minillm.model.linear import Linear, linear
 from minillm.model.rope import RotaryEmbedding, Rotation
 
 
@@ -43,7 +43,7 @@ class CausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head = None
         else:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
 
     @property
     def device(self) -> torch.device:
@@ -64,4 +64,4 @@ class CausalLM(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(n, hidden) -> (n, vocab) float32 logits; call it only on the rows that need them."""
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        return linear(hidden, weight, None, self).float()
