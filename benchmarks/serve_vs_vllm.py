@@ -284,6 +284,7 @@ def plot(results: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     names = list(results["servers"])
@@ -302,7 +303,12 @@ def plot(results: dict, path: Path) -> None:
                      color=f"C{[0, 2, 1, 3][i]}", label=name)
     for ax, what in ((axes[1], "TTFT p50, ms"), (axes[2], "TPOT p50, ms")):
         ax.set_xscale("log", base=2)
+        rates = sorted({float(r["rate"]) for row in results["servers"].values() for r in row["rates"]})
+        ax.set_xticks(rates, [f"{r:g}" for r in rates])
         ax.set_yscale("log")
+        plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")  # 20, 30 ... not 2x10^1
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain)
         ax.set_xlabel("offered load, requests/s")
         ax.set_ylabel(what)
         ax.legend(fontsize=8)
