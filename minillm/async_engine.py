@@ -240,11 +240,7 @@ class AsyncLLM:
     def _bind_loop(self) -> asyncio.AbstractEventLoop:
         """The running loop, which this AsyncLLM now serves. Work left by a loop that stopped or
         closed is reclaimed (aborted); a loop still running in another thread is refused."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            raise RuntimeError("AsyncLLM needs a running event loop (await it from async code, or use LLM for "
-                               "plain synchronous calls)") from None
+        loop = running_loop()
         task = self._loop_task
         if task is not None and not task.done() and task.get_loop() is not loop:
             if task.get_loop().is_running():
@@ -366,6 +362,15 @@ class AsyncLLM:
             except Exception:
                 logger.exception("could not end request %r", request_id)
         return not self.engine.has_unfinished()
+
+
+def running_loop() -> asyncio.AbstractEventLoop:
+    """The running event loop, or a RuntimeError that says how to call AsyncLLM instead."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        raise RuntimeError("AsyncLLM needs a running event loop (await it from async code, or use LLM for "
+                           "plain synchronous calls)") from None
 
 
 MAX_YIELDS = 100  # at most this many rounds of the event loop's other work between two steps

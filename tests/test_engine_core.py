@@ -196,10 +196,8 @@ def test_the_acceptance_load_through_the_process_split():
     """tests/test_server.py's acceptance load (1,000 requests: 10% malformed, 10% leaving mid-stream) against a
     server whose engine core is a process of its own: every valid text equals the offline engine's, no 5xx, and
     no KV block or running request is left afterwards."""
-    import httpx
-
     from minillm.server import build_app
-    from tests.test_server import MODEL, _hammer, _Server, scrape
+    from tests.test_server import MODEL, _Server, check_acceptance_load
 
     config = EngineConfig(max_num_seqs=8, max_model_len=128, kv="paged", block_size=16, trace_max_steps=64)
     prompts = [[5 + i, 6, 7 + i % 5] for i in range(12)]
@@ -208,14 +206,7 @@ def test_the_acceptance_load_through_the_process_split():
     llm = ProcessAsyncLLM(config=config)
     server = _Server(build_app(llm, MODEL, default_max_tokens=8))
     try:
-        tally = run(_hammer(server.url + "/v1/completions", prompts, expected, n=1000, seed=7))
-        assert not tally["wrong"], tally["wrong"][:3]
-        assert tally["5xx"] == 0 and tally["valid"] > 700 and tally["malformed"] > 60 and tally["left"] > 60
-        assert httpx.get(server.url + "/health").json() == {"status": "ok"}
-        deadline = time.time() + 20
-        while (metrics := scrape(server.url))["minillm_kv_blocks_used"] or metrics["minillm_requests_running"]:
-            assert time.time() < deadline, metrics
-            time.sleep(0.1)
+        check_acceptance_load(server.url, prompts, expected)
     finally:
         server.stop()
         llm.close()

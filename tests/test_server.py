@@ -294,20 +294,27 @@ async def _hammer(url: str, prompts: list[list[int]], expected: dict, n: int, se
 def test_a_thousand_requests_with_malformed_ones_and_deserters(model, served):
     """The acceptance load: every valid request gets the offline engine's text, every malformed one its 4xx
     with the reason, no 5xx, the server stays up, and no KV block is held afterwards (read from /metrics)."""
-    import asyncio
 
     server, engine = served
     prompts = [[5 + i, 6, 7 + i % 5] for i in range(12)]
     expected = {tuple(p): offline(model, p, 12)[0] for p in prompts}
-    tally = asyncio.run(_hammer(server.url + "/v1/completions", prompts, expected, n=1000, seed=7))
+    check_acceptance_load(server.url, prompts, expected)
+    wait_idle(engine)
+
+
+def check_acceptance_load(url: str, prompts: list[list[int]], expected: dict) -> None:
+    """1,000 requests (`_hammer`) at the server at `url`: no wrong text, no 5xx, enough of each kind, the
+    server still healthy, and no KV block or running request left afterwards (read from /metrics)."""
+    import asyncio
+
+    tally = asyncio.run(_hammer(url + "/v1/completions", prompts, expected, n=1000, seed=7))
     assert not tally["wrong"], tally["wrong"][:3]
     assert tally["5xx"] == 0 and tally["valid"] > 700 and tally["malformed"] > 60 and tally["left"] > 60
-    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+    assert httpx.get(url + "/health").json() == {"status": "ok"}
     deadline = time.time() + 20
-    while (metrics := scrape(server.url))["minillm_kv_blocks_used"] or metrics["minillm_requests_running"]:
+    while (metrics := scrape(url))["minillm_kv_blocks_used"] or metrics["minillm_requests_running"]:
         assert time.time() < deadline, metrics
         time.sleep(0.1)
-    wait_idle(engine)
 
 
 def test_a_client_that_leaves_a_non_streaming_request_aborts_it(served):

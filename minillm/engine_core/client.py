@@ -28,7 +28,7 @@ import threading
 import time
 import weakref
 
-from minillm.async_engine import AsyncLLM, _Submission
+from minillm.async_engine import AsyncLLM, _Submission, running_loop
 from minillm.config import EngineConfig
 from minillm.engine_core.messages import (
     AbortRequest,
@@ -122,11 +122,7 @@ class ProcessAsyncLLM(AsyncLLM):
 
     # ------------------------------------------------------------------ AsyncLLM's hooks
     def _bind_loop(self) -> asyncio.AbstractEventLoop:
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            raise RuntimeError("AsyncLLM needs a running event loop (await it from async code, or use LLM for "
-                               "plain synchronous calls)") from None
+        loop = running_loop()
         old = self._reader_loop
         if old is loop:
             return loop
