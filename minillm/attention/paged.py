@@ -6,8 +6,9 @@ block tables.
 Which blocks belong to whom is the block pool's business (`minillm/kv/block_pool.py`); here a
 sequence arrives with its block table, and token t of it lives at slot
 `table[t // block_size] * block_size + t % block_size`. The operations come from
-`minillm/attention/paged_ops.py` (torch, runs everywhere) or, on CUDA with Triton installed,
-`minillm/attention/triton_paged.py` (same signatures).
+`minillm/attention/paged_ops.py` (torch, runs everywhere), on CUDA with Triton installed
+`minillm/attention/triton_paged.py`, or on a CPU in float32 `minillm/attention/cpu_paged.py` (a C
+decode kernel; same signatures).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from minillm.attention import paged_ops
-from minillm.memory import format_bytes
+from minillm.memory import format_bytes, zeros_on_huge_pages
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -31,16 +32,25 @@ class PagedKVCache:
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", use_triton: bool = False,
-                 pad_block: bool = False):
+                 pad_block: bool = False, use_cpu_kernel: bool = False):
         # pad_block: one more block, owned by no request, where the padding rows of a recorded step
         # (chapter 8) write and read; `num_blocks` stays the count requests can use
         shape = (num_blocks + pad_block, block_size, num_kv_heads, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.k = [zeros_on_huge_pages(shape, dtype, device) for _ in range(num_layers)]
+        self.v = [zeros_on_huge_pages(shape, dtype, device) for _ in range(num_layers)]
         self.num_blocks, self.block_size = num_blocks, block_size
         self.pad_block: int | None = num_blocks if pad_block else None
         self.bytes_per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
-        if use_triton:
+        if use_triton and use_cpu_kernel:
+            raise ValueError("use_triton (CUDA) and use_cpu_kernel (CPU) exclude each other")
+        if use_cpu_kernel:
+            from minillm.attention import cpu_paged
+
+            reason = cpu_paged.unavailable_reason(torch.device(device), dtype)
+            if reason is not None:
+                raise ValueError(f"use_cpu_kernel=True, but the C kernel cannot run here: {reason}")
+            self.ops = cpu_paged
+        elif use_triton:
             from minillm.attention import triton_paged
 
             reason = triton_paged.unavailable_reason(torch.device(device))
@@ -54,9 +64,9 @@ class PagedKVCache:
 
     @classmethod
     def for_model(cls, config, num_blocks: int, block_size: int, dtype: torch.dtype, device,
-                  use_triton: bool = False, pad_block: bool = False) -> PagedKVCache:
+                  use_triton: bool = False, pad_block: bool = False, use_cpu_kernel: bool = False) -> PagedKVCache:
         return cls(config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim, dtype, device,
-                   use_triton, pad_block)
+                   use_triton, pad_block, use_cpu_kernel)
 
     @property
     def nbytes(self) -> int:

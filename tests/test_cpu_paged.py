@@ -1,0 +1,114 @@
+"""The C decode kernel (minillm/attention/cpu_paged.py) equals the torch reference, refuses what it
+cannot read safely, compiles into a torch.compile'd step, and the engine with it or without it gives
+the naive loop's tokens."""
+
+import pytest
+import torch
+
+from minillm.attention import cpu_paged, paged_ops
+from minillm.attention.paged import PagedKVCache
+from minillm.config import EngineConfig
+from minillm.engine import LLMEngine
+from minillm.memory import zeros_on_huge_pages
+from tests.hf_reference import ByteTokenizer
+from tests.test_engine import _reference, run_to_completion
+
+pytestmark = pytest.mark.skipif(cpu_paged.unavailable_reason() is not None,
+                                reason=f"C kernel unavailable: {cpu_paged.unavailable_reason()}")
+
+
+def case(lengths, block_size, heads, kv_heads, head_dim, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    width = max(-(-n // block_size) for n in lengths)
+    num_blocks = width * len(lengths) + 3
+    k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen)
+    v_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen)
+    tables = torch.randperm(num_blocks, generator=gen)[: width * len(lengths)].view(len(lengths), width)
+    q = torch.randn(len(lengths), heads, head_dim, generator=gen)
+    return q, k_cache, v_cache, tables.to(torch.int32), torch.tensor(lengths, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("block_size", [1, 5, 16])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 2, 64), (6, 1, 48), (2, 2, 8), (8, 8, 96)])
+def test_kernel_equals_the_torch_reference(block_size, heads, kv_heads, head_dim):
+    # contexts of one token, on a block boundary, just past it, and long beside short
+    lengths = [1, block_size, block_size + 1, 3 * block_size + 2, 70]
+    q, k_cache, v_cache, tables, lens = case(lengths, block_size, heads, kv_heads, head_dim)
+    expected = paged_ops.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.37)
+    got = cpu_paged.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.37)
+    torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-5)
+
+
+def test_kernel_reads_views_and_any_thread_count():
+    q, k_cache, v_cache, tables, lens = case([9, 33, 2], 4, 4, 2, 16, seed=1)
+    wide = torch.randn(3, 4 * 16 * 2)  # q as a non-contiguous view of a wider row (like a fused QKV split)
+    q = wide[:, :64].view(3, 4, 16)
+    expected = paged_ops.paged_decode_attention(q, k_cache, v_cache, tables.long(), lens.long(), 0.5)
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            got = cpu_paged.paged_decode_attention(q, k_cache, v_cache, tables.long(), lens.long(), 0.5)
+            torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-5)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_kernel_refuses_what_it_cannot_read_safely():
+    q, k_cache, v_cache, tables, lens = case([5, 8], 4, 4, 2, 8)
+    with pytest.raises(ValueError, match="context lengths must be in"):
+        cpu_paged.paged_decode_attention(q, k_cache, v_cache, tables, torch.tensor([5, 9]), 1.0)  # past the width
+    with pytest.raises(ValueError, match="context lengths must be in"):
+        cpu_paged.paged_decode_attention(q, k_cache, v_cache, tables, torch.tensor([0, 3]), 1.0)
+    with pytest.raises(ValueError, match="outside"):
+        cpu_paged.paged_decode_attention(q, k_cache, v_cache, tables + 100, lens, 1.0)
+    with pytest.raises(ValueError, match="float32 only"):
+        cpu_paged.paged_decode_attention(q.bfloat16(), k_cache.bfloat16(), v_cache.bfloat16(), tables, lens, 1.0)
+    assert "float32 only" in cpu_paged.unavailable_reason("cpu", torch.bfloat16)
+    assert "for the CPU" in cpu_paged.unavailable_reason("cuda")
+    with pytest.raises(ValueError, match="exclude each other"):
+        PagedKVCache(1, 4, 4, 2, 8, use_triton=True, use_cpu_kernel=True)
+    with pytest.raises(ValueError, match="use_cpu_kernel must be None, True or False"):
+        EngineConfig(use_cpu_kernel="yes")
+
+
+def test_a_missing_compiler_is_a_reason_not_a_crash(monkeypatch, tmp_path):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("MINILLM_CACHE", str(tmp_path))
+    cpu_paged._library.cache_clear()
+    try:
+        reason = cpu_paged.unavailable_reason()
+        assert reason is not None and "no-such-compiler" in reason
+        with pytest.raises(ValueError, match="cannot run here"):
+            PagedKVCache(1, 4, 4, 2, 8, use_cpu_kernel=True)
+    finally:
+        monkeypatch.undo()
+        cpu_paged._library.cache_clear()
+    assert cpu_paged.unavailable_reason() is None  # the real compiler again
+
+
+def test_kernel_inside_a_compiled_function():
+    """An opaque operator to torch.compile: the compiled step calls it without a graph break."""
+    q, k_cache, v_cache, tables, lens = case([7, 20], 4, 4, 2, 16, seed=2)
+
+    def step(q, k_cache, v_cache, tables, lens):
+        return cpu_paged.paged_decode_attention(q * 2, k_cache, v_cache, tables, lens, 0.25) + 1
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(q, k_cache, v_cache, tables, lens), step(q, k_cache, v_cache, tables, lens))
+
+
+def test_huge_page_zeros_are_zeros():
+    t = zeros_on_huge_pages((64, 16, 2, 64), torch.float32, "cpu")
+    assert t.shape == (64, 16, 2, 64) and t.dtype == torch.float32 and not t.any()
+
+
+@pytest.mark.parametrize("use_cpu_kernel", [True, False])
+def test_engine_with_and_without_the_kernel_gives_the_naive_tokens(model, use_cpu_kernel):
+    arrivals = [(0, [5, 6, 7], 40), (0, [8, 9], 35), (1, [10, 11, 12, 13], 30), (0, [14] * 19, 25)]
+    engine = LLMEngine(model, ByteTokenizer(), EngineConfig(max_num_seqs=3, max_model_len=64, kv="paged",
+                                                              block_size=4, use_cpu_kernel=use_cpu_kernel))
+    assert (engine.cache.ops is cpu_paged) == use_cpu_kernel
+    outputs = run_to_completion(engine, arrivals)
+    for (_, prompt, n), got in zip(arrivals, outputs.values()):
+        assert got == _reference(model, tuple(prompt), n)
