@@ -30,6 +30,7 @@ finish_reason "error", and later submissions are served.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 from collections.abc import AsyncIterator, Sequence
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 
 from minillm.config import EngineConfig
 from minillm.engine import LLMEngine, RequestOutput, StepUpdate
+from minillm.engine_core.timeline import Timeline, instrument, span
 from minillm.logprobs import TokenLogprob
 from minillm.model.loader import load
 from minillm.prompts import check_text_length, encode_prompt, longest_token_chars
@@ -76,12 +78,16 @@ class AsyncLLM:
     """Serves one event loop at a time; the engine behind it is touched under `engine.lock` only."""
 
     def __init__(self, model: str | None = None, config: EngineConfig | None = None,
-                 engine: LLMEngine | None = None):
+                 engine: LLMEngine | None = None, timeline: Timeline | None = None):
+        """`timeline`: record what the engine and its callers did, span by span (chapter 10); off by default."""
         if engine is None:
             config = config if config is not None else EngineConfig()
             net, tokenizer = load(model, dtype=config.dtype, device=config.device)
             engine = LLMEngine(net, tokenizer, config)
         self.engine = engine
+        self.timeline = timeline
+        if timeline is not None:
+            instrument(engine, timeline)
         self._front_end(engine.tokenizer, engine.model.config, engine.config, engine.max_model_len)
 
     def _front_end(self, tokenizer, model_config, config: EngineConfig, max_model_len: int) -> None:
@@ -107,8 +113,10 @@ class AsyncLLM:
                 self._chars_per_token = await loop.run_in_executor(None, longest_token_chars, self.tokenizer,
                                                                    vocab_size)
             check_text_length(prompt, self.max_model_len, self._chars_per_token)
-        return await loop.run_in_executor(None, encode_prompt, self.tokenizer, prompt, self.max_model_len,
-                                          vocab_size, add_special_tokens)
+        work = encode_prompt if self.timeline is None else functools.partial(self.timeline.call, "tokenize",
+                                                                            encode_prompt)
+        return await loop.run_in_executor(None, work, self.tokenizer, prompt, self.max_model_len, vocab_size,
+                                          add_special_tokens)
 
     def gauges(self) -> dict[str, float]:
         """The engine's state now (running, waiting, KV blocks...): `LLMEngine.gauges`."""
@@ -314,7 +322,8 @@ class AsyncLLM:
         while epoch == self._epoch:
             try:
                 with lock:
-                    self._apply_queued()
+                    with span(self.timeline if self._pending or self._aborts else None, "receive"):
+                        self._apply_queued()
                     if not self.engine.has_unfinished():
                         return
                     updates = self.engine.step()  # on the event loop's thread: see the module's docstring

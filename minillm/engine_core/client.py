@@ -41,6 +41,7 @@ from minillm.engine_core.messages import (
     StopSample,
 )
 from minillm.engine_core.output_processor import RequestState
+from minillm.engine_core.timeline import Timeline, span
 from minillm.model.loader import load_tokenizer
 from minillm.prompts import encode_prompt
 from minillm.sampling import SamplingParams
@@ -51,9 +52,11 @@ START_POLL_S = 0.1  # how often the front end checks on a core that is still loa
 
 
 class ProcessAsyncLLM(AsyncLLM):
-    """AsyncLLM whose engine runs in a process of its own (`threads`: the core's torch threads)."""
+    """AsyncLLM whose engine runs in a process of its own (`threads`: the core's torch threads; `timeline`:
+    record both sides' spans, the core's shipped back with its steps — chapter 10; off by default)."""
 
-    def __init__(self, model: str | None = None, config: EngineConfig | None = None, threads: int | None = None):
+    def __init__(self, model: str | None = None, config: EngineConfig | None = None, threads: int | None = None,
+                 timeline: Timeline | None = None):
         config = config if config is not None else EngineConfig()
         if not isinstance(config, EngineConfig):
             raise ValueError(f"config must be an EngineConfig, got {type(config).__name__}")
@@ -66,7 +69,8 @@ class ProcessAsyncLLM(AsyncLLM):
             pass_fds=(inbox.fileno(), outbox.fileno()))
         inbox.close()  # the core's ends: once it exits, reading from it ends (EOF) instead of waiting forever
         outbox.close()
-        to_core.send(StartCore(model, config, os.getpid(), threads))
+        to_core.send(StartCore(model, config, os.getpid(), threads, timeline is not None))
+        self.timeline = timeline
         self._to_core, self._from_core = to_core, from_core
         self._outgoing: queue.SimpleQueue = queue.SimpleQueue()
         self._finalizer = weakref.finalize(self, _stop_core, self._process, self._outgoing)
@@ -166,6 +170,10 @@ class ProcessAsyncLLM(AsyncLLM):
             self.abort(request_id)
 
     def _add(self, sub: _Submission) -> None:
+        with span(self.timeline, "receive"):
+            self._receive(sub)
+
+    def _receive(self, sub: _Submission) -> None:
         if sub.future.done():  # cancelled before it was handed on
             self._end_stream(sub.stream)
             return
@@ -213,13 +221,16 @@ class ProcessAsyncLLM(AsyncLLM):
         """The pipe from the core is readable: apply every step waiting (on the event loop)."""
         try:
             while self._from_core.poll():
-                self._apply(self._from_core.recv())
+                with span(self.timeline, "detokenize"):  # the core's output: text, stop strings, the callers' events
+                    self._apply(self._from_core.recv())
         except (EOFError, OSError):
             self._core_gone(f"the engine core process ended (exit code {_exit_code(self._process)})")
         except Exception:  # a defect of ours: said, and the loop goes on
             logger.exception("the front end could not apply the engine core's output")
 
     def _apply(self, step: CoreStep) -> None:
+        if step.spans and self.timeline is not None:
+            self.timeline.extend(step.spans)
         if step.gauges:
             self._gauges = step.gauges
         for refused in step.refused:

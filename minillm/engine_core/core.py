@@ -38,6 +38,7 @@ from minillm.engine_core.messages import (
     StartCore,
     StopSample,
 )
+from minillm.engine_core.timeline import Timeline, instrument, span
 from minillm.model.loader import load
 
 IDLE_POLL_S = 0.5  # how often an idle core checks that its front end is still there
@@ -63,14 +64,19 @@ def main(inbox_fd: int, outbox_fd: int) -> None:
         except Exception:  # an exception that does not pickle: its words then
             outbox.send(CoreFailed(RuntimeError(f"{type(err).__name__}: {err}")))
         return
+    timeline = Timeline("core") if start.timeline else None
+    if timeline is not None:
+        instrument(engine, timeline)
     outbox.send(CoreReady(engine.max_model_len, net.config))
     with contextlib.suppress(EOFError, OSError):  # the front end went away while we sent
-        EngineCore(engine, inbox, outbox, start.parent_pid).run()
+        EngineCore(engine, inbox, outbox, start.parent_pid, timeline).run()
 
 
 class EngineCore:
-    def __init__(self, engine: LLMEngine, inbox: Connection, outbox: Connection, parent_pid: int):
+    def __init__(self, engine: LLMEngine, inbox: Connection, outbox: Connection, parent_pid: int,
+                 timeline: Timeline | None = None):
         self.engine, self.inbox, self.outbox, self.parent_pid = engine, inbox, outbox, parent_pid
+        self.timeline = timeline  # when recording: its spans go to the front end with each step
         self.live: set[str] = set()  # requests added and not yet reported done
         self.news = CoreStep(0.0)  # what the messages themselves produced (refusals), sent with the next step
         self.changed = False  # a message changed the engine's state since the last CoreStep was sent
@@ -78,7 +84,9 @@ class EngineCore:
     def run(self) -> None:
         while self._take_messages(wait=not self.engine.has_unfinished()):
             if self.engine.has_unfinished():
-                self._send(self._step())
+                with span(self.timeline, "update"):  # the engine's step nests in it: what is left is bookkeeping
+                    step = self._step()
+                self._send(step)
             elif self.changed:  # nothing to step, but a message changed something (a refusal, freed blocks)
                 self.news.gauges = self.engine.gauges()
                 self._send(self.news)
@@ -147,10 +155,13 @@ class EngineCore:
             step.done.append(RequestDone(request_id, tuple(s.finish_reason for s in request.samples), request.error))
             self._forget(request_id)
         step.gauges = engine.gauges()
+        if self.timeline is not None:
+            step.spans = self.timeline.drain()  # this step's (its own bookkeeping and sending: with the next)
         return step
 
     def _send(self, step: CoreStep) -> None:
-        self.outbox.send(step)
+        with span(self.timeline, "send"):
+            self.outbox.send(step)
         if step is self.news:
             self.news = CoreStep(0.0)
 

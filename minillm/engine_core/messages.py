@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from minillm.config import EngineConfig
+from minillm.engine_core.timeline import Span
 from minillm.logprobs import TokenLogprob
 from minillm.model.config import ModelConfig
 from minillm.sampling import SamplingParams
@@ -22,6 +23,7 @@ class StartCore:
     config: EngineConfig
     parent_pid: int  # the front end: the core ends when it is no longer its parent
     threads: int | None = None  # the core's torch threads (None: torch's default)
+    timeline: bool = False  # record the core's spans and send them with its steps (timeline.py)
 
 
 @dataclass(frozen=True)
@@ -95,3 +97,4 @@ class CoreStep:
     done: list[RequestDone] = field(default_factory=list)
     refused: list[Refused] = field(default_factory=list)
     gauges: dict[str, float] = field(default_factory=dict)  # LLMEngine.gauges() after the step
+    spans: list[Span] = field(default_factory=list)  # with a timeline only: the core's spans since its last step
