@@ -4,6 +4,7 @@ WRONG). The graders must reject every one with a FAIL line containing `rule`."""
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +14,7 @@ from minillm.attention import ContiguousKVCache
 from solutions.ch04_block_allocator import BlockAllocator
 from solutions.ch05_copy_on_write import ForkingAllocator
 from solutions.ch05_evicting_allocator import EvictingAllocator
+from solutions.ch10_output_processor import OutputProcessor
 
 WRONG: list[tuple[str, Any, str]] = []  # (exercise, wrong implementation, substring of a FAIL line)
 
@@ -1262,3 +1264,96 @@ class CountsOnlyTheNewBlocks(ForkingAllocator):
 class CopiesBeforeGrowing(ForkingAllocator):
     def prepare_write(self, seq, start, end):
         return _cow_write(self, seq, start, end, grow_first=False)  # WRONG: other block ids than the engine's
+
+
+# ----------------------------------------------------------------------------- ch10.output_processor
+
+
+@wrong("ch10.output_processor", "Only the longest end of the text")
+class HoldsBackAFixedLength(OutputProcessor):
+    def _could_become_a_stop_string(self):  # WRONG: max(len(stop)) - 1 characters, whatever they are
+        longest = max((len(s) for s in self.stop), default=1) - 1
+        return min(len(self.text) - self.released, longest)
+
+
+@wrong("ch10.output_processor", "decode is given a few ids per token")
+class DecodesTheWholeOutputEveryStep(OutputProcessor):
+    def _add_tokens(self, token_ids, last):
+        for token in token_ids:  # WRONG: the whole output decoded again for every token (same text, O(n²) work)
+            self.all_ids = [*getattr(self, "all_ids", []), token]
+            self.decode(self.all_ids)
+        super()._add_tokens(token_ids, last)
+
+
+@wrong("ch10.output_processor", "released only once the character is complete")
+class ReleasesHalfCharacters(OutputProcessor):
+    def _add_tokens(self, token_ids, last):
+        self.text += "".join(self.decode([token]) for token in token_ids)  # WRONG: half a character goes out
+
+
+@wrong("ch10.output_processor", "AbortRequest for the core")
+class NeverTellsTheCore(OutputProcessor):
+    def process(self, token_ids, finish_reason):
+        delta, finish, _ = super().process(token_ids, finish_reason)
+        return delta, finish, None  # WRONG: the core goes on generating tokens nobody will read
+
+
+@wrong("ch10.output_processor", "split across tokens and across calls")
+class LooksOnlyInTheNewText(OutputProcessor):
+    def process(self, token_ids, finish_reason):
+        self.new_from = len(self.text)
+        return super().process(token_ids, finish_reason)
+
+    def _stop_at(self):  # WRONG: only in the text this call added
+        return min((at for s in self.stop if (at := self.text.find(s, self.new_from)) != -1), default=None)
+
+
+@wrong("ch10.output_processor", "the one that starts first in the text")
+class TakesTheFirstListed(OutputProcessor):
+    def _stop_at(self):  # WRONG: the first stop string of the list that occurs, not the earliest in the text
+        return next((at for s in self.stop if (at := self.text.find(s, self.released)) != -1), None)
+
+
+@wrong("ch10.output_processor", "the text before it")
+class KeepsTheStopString(OutputProcessor):
+    def _stop_at(self):  # WRONG: cut after the stop string, which stays in the text
+        return min((at + len(s) for s in self.stop if (at := self.text.find(s, self.released)) != -1), default=None)
+
+
+# ----------------------------------------------------------------------------- ch10.front_ends
+
+
+def _front_ends(step_ms, per_token, per_request, output_tokens, slots, cores, *, requests_per_step=None,
+                request_work=True, own_core=True, rounding="ceil", at_least_one=True):
+    requests = slots / output_tokens if requests_per_step is None else requests_per_step(slots, output_tokens)
+    work = slots * per_token + (requests * per_request if request_work else 0)
+    ratio = work / step_ms
+    needed = {"ceil": math.ceil(ratio - 1e-9), "floor+1": int(ratio) + 1, "floor": int(ratio)}[rounding]
+    needed = max(1, needed) if at_least_one else needed
+    room = cores - 1 if own_core else cores
+    return needed if needed <= room else None
+
+
+@wrong("ch10.front_ends", "A request's own work counts once per request")
+def front_ends_tokens_only(*args):
+    return _front_ends(*args, request_work=False)  # WRONG: only the tokens' work
+
+
+@wrong("ch10.front_ends", "A request's own work counts once per request")
+def front_ends_every_request_every_step(*args):
+    return _front_ends(*args, requests_per_step=lambda slots, n: slots)  # WRONG: every request ends every step
+
+
+@wrong("ch10.front_ends", "keeps a core of its own")
+def front_ends_on_every_core(*args):
+    return _front_ends(*args, own_core=False)  # WRONG: forgets the engine core's own core
+
+
+@wrong("ch10.front_ends", "fills exactly a step keeps up")
+def front_ends_one_more_than_the_floor(*args):
+    return _front_ends(*args, rounding="floor+1")  # WRONG: an exact fit asks for one more
+
+
+@wrong("ch10.front_ends", "one front end is needed")
+def front_ends_rounded_down(*args):
+    return _front_ends(*args, rounding="floor", at_least_one=False)  # WRONG: the share of a process rounded down
