@@ -265,9 +265,9 @@ def describe_gil(trials: Trials, batch: int, switch_s: float | None = None) -> F
         a / b for a, b in zip(trials.values("beside a busy process"), trials.values("alone"))))
     step_s = {name: trials.median(name) for name in trials.results}
     waits = (step_s["beside a busy thread"] - step_s["alone"]) / switch_s
-    text = (f"A decode step of {batch} requests with one torch thread took {step_s['alone'] * 1e3:.1f} ms alone, "
-            f"{step_s['beside a busy thread'] * 1e3:.1f} ms beside a busy thread of this process and "
-            f"{step_s['beside a busy process'] * 1e3:.1f} ms beside a busy process (medians over {trials.rounds} "
+    text = (f"A decode step of {batch} requests with one torch thread took {step_s['alone'] * 1e3:,.1f} ms alone, "
+            f"{step_s['beside a busy thread'] * 1e3:,.1f} ms beside a busy thread of this process and "
+            f"{step_s['beside a busy process'] * 1e3:,.1f} ms beside a busy process (medians over {trials.rounds} "
             f"rounds). Round by round, beside the thread it took {thread.rounds()} as long as alone; beside the "
             f"process {process.rounds()}. ")
     holds = thread.value > 1.2 and thread.value > 1.1 * process.value
@@ -321,7 +321,7 @@ def rate_rows(saved: dict) -> list[list[str]]:
         row = [f"{rate:g}"]
         for name in names:
             run = next((r for r in saved["servers"][name]["rates"] if r["rate"] == rate), None)
-            row.append("-" if run is None else f"{run['ttft_s']['p50'] * 1e3:.0f} / {run['tpot_s']['p50'] * 1e3:.1f}")
+            row.append("-" if run is None else f"{run['ttft_s']['p50'] * 1e3:,.0f} / {run['tpot_s']['p50'] * 1e3:.1f}")
         rows.append(row)
     return rows
 
@@ -331,6 +331,10 @@ def _compare(ratio: float, better: str, worse: str, within: float = 0.05) -> str
     if abs(ratio - 1) <= within:
         return f"about the same ({ratio:.2f}x)"
     return f"{ratio - 1:.0%} {better}" if ratio > 1 else f"{1 - ratio:.0%} {worse}"
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds * 1e3:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
 
 
 def highest_rate_held(saved: dict, name: str) -> float | None:
@@ -378,7 +382,7 @@ def versus_vllm_words(saved: dict, overhead: dict | None) -> str:
                     for n in sat}
             words.append(f"The highest offered rate at which vLLM kept TTFT p50 under {HOLDS_TTFT_S * 1e3:.0f} ms was "
                          f"{held:g} requests/s; there, TTFT p50 was " + ", ".join(
-                             f"{ttft[n] * 1e3:.0f} ms for {SERVERS[n]}" for n in sat) + ".")
+                             f"{_duration(ttft[n])} for {SERVERS[n]}" for n in sat) + ".")
     if overhead is not None:
         median = overhead["median"]
         words.append(f"Without HTTP (benchmarks/async_overhead.py, {overhead['requests']} requests x "
