@@ -73,7 +73,10 @@ class CpuUse:
         threads = f"{self.threads} thread{'s' * (self.threads != 1)}"
         needed = ("while our threads needed every core" if self.spare_cores == 0
                   else f"more than the {self.spare_cores:g} our {threads} left free")
-        return f"other programs kept {self.others_cores:.1f} of this machine's {self.cores} cores busy, {needed}"
+        # other programs' CPU time over the wall time can pass the core count (the kernel's accounting is
+        # coarse, and short bursts overlap): never say more cores than the machine has
+        busy = min(self.others_cores, float(self.cores))
+        return f"other programs kept {busy:.1f} of this machine's {self.cores} cores busy, {needed}"
 
 
 class CpuWatch:

@@ -1,4 +1,5 @@
-"""An artificial CPU hog for the tests of live measurements: busy-loop processes, one per core by
+"""An artificial CPU hog for the tests of live measurements (and, run as a script, for a walk through a
+chapter on a busy machine): busy-loop processes, one per core by
 default, that keep the machine as busy as a learner's video call and build would.
 
 The loops must look like *other programs* to `minillm/timing.py::CpuWatch`, which counts this
@@ -48,3 +49,13 @@ def cpu_hog(processes: int | None = None) -> Iterator[list[int]]:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+if __name__ == "__main__":  # `python tests/cpu_hog.py [PROCESSES]`: busy cores until Ctrl-C (a learner walk's load)
+    count = int(sys.argv[1]) if len(sys.argv) > 1 else None
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # `kill` stops them too, like Ctrl-C
+    with cpu_hog(count) as hogs:
+        print(f"{len(hogs)} busy-loop process(es) running: {hogs}; Ctrl-C stops them", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            while True:
+                time.sleep(3600)

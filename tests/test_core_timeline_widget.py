@@ -86,10 +86,11 @@ def test_frames_draw_the_window_they_name():
     assert frame_times(2, 3, 40) == [3] and len(frame_times(1000, 1, 40)) == 40
 
 
-def test_the_widget_opens_in_the_middle_and_refuses_empty_recordings():
+def test_the_widget_opens_at_the_start_shows_the_middle_still_and_refuses_empty_recordings():
     rec = _recording()
     widget = CoreTimeline([rec, rec], window_ms=1.0, max_frames=9)
-    assert len(widget.slider.options) == 9 and widget.play.value == 4
+    assert len(widget.slider.options) == 9 and widget.play.value == 0  # ▶ plays the whole runs
+    assert widget.still_html() == widget.stacks[0].children[4].value  # a page without widgets: the middle
     assert len(set(widget.slider.options)) == 9
     assert widget.stacks[0].children[4].value.count("<svg") == 1
     assert 'class="core-timeline"' in widget._repr_mimebundle_()["text/html"]

@@ -163,7 +163,7 @@ def render_frame(recordings: Sequence[Recording], t_ms: float, window_ms: float)
 
 class CoreTimeline(Animation):
     """The recordings' runs on one clock, a window of `window_ms` sliding over them in up to `max_frames`
-    frames; it opens, and its still picture shows, the middle of the runs."""
+    frames; it opens at the start (▶ then plays the whole runs), and its still picture shows their middle."""
 
     def __init__(self, recordings: Sequence[Recording], window_ms: float = 25.0, max_frames: int = 40,
                  interval_ms: int = 300):
@@ -173,4 +173,4 @@ class CoreTimeline(Animation):
         labels = [f"{max(t - window_ms, 0):.1f} – {t:.1f} ms" for t in times]
         middle = len(times) // 2
         super().__init__([[render_frame(recordings, t, window_ms) for t in times]], labels, still=middle,
-                         interval_ms=interval_ms, start=middle)
+                         interval_ms=interval_ms, start=0)

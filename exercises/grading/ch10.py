@@ -136,7 +136,7 @@ def run_request(impl: Callable, stop: Sequence[str], steps: Sequence[tuple[Seque
         if i >= show_from:
             given += f", process({_tokens(ids)}, {finish!r})"
         got = call(given, _show(want), impl_object.process, list(ids), finish)
-        expect(_same(got, want), given, f"{_show(want)} ({why})", _show(got))
+        expect(_same(got, want), given, f"{_show(want)} (this case: {why})", _show(got))
 
 
 def pieces(*texts: str) -> list[list[int]]:
