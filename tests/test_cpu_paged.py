@@ -87,6 +87,20 @@ def test_a_missing_compiler_is_a_reason_not_a_crash(monkeypatch, tmp_path):
     assert cpu_paged.unavailable_reason() is None  # the real compiler again
 
 
+def test_an_unwritable_cache_is_a_reason_not_a_crash(monkeypatch, tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("a file where the cache folder would go")
+    monkeypatch.setenv("MINILLM_CACHE", str(blocked))
+    cpu_paged._library.cache_clear()
+    try:
+        reason = cpu_paged.unavailable_reason()
+        assert reason is not None and "not writable" in reason and "MINILLM_CACHE" in reason
+    finally:
+        monkeypatch.undo()
+        cpu_paged._library.cache_clear()
+    assert cpu_paged.unavailable_reason() is None
+
+
 def test_kernel_inside_a_compiled_function():
     """An opaque operator to torch.compile: the compiled step calls it without a graph break."""
     q, k_cache, v_cache, tables, lens = case([7, 20], 4, 4, 2, 16, seed=2)

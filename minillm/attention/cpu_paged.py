@@ -65,17 +65,20 @@ def _library() -> ctypes.CDLL | str:
     key = hashlib.sha256(source + " ".join([compiler, *FLAGS, _cpu_signature()]).encode()).hexdigest()[:16]
     target = _cache_dir() / f"paged_decode-{key}.so"
     if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:  # built aside, then moved: never half a file
-            built = Path(tmp) / target.name
-            try:
-                run = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"], capture_output=True,
-                                     text=True, timeout=120)
-            except (OSError, subprocess.TimeoutExpired) as err:
-                return f"the C compiler {compiler!r} could not run: {err}"
-            if run.returncode:
-                return f"building {SOURCE.name} failed: {run.stderr.strip()[-500:]}"
-            os.replace(built, target)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=target.parent) as tmp:  # built aside, then moved: never half a file
+                built = Path(tmp) / target.name
+                try:
+                    run = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"],
+                                         capture_output=True, text=True, timeout=120)
+                except (OSError, subprocess.TimeoutExpired) as err:
+                    return f"the C compiler {compiler!r} could not run: {err}"
+                if run.returncode:
+                    return f"building {SOURCE.name} failed: {run.stderr.strip()[-500:]}"
+                os.replace(built, target)
+        except OSError as err:  # a cache folder that cannot be written (a read-only home)
+            return f"the kernel cache {target.parent} is not writable ({err}); set MINILLM_CACHE to a folder that is"
     try:
         library = ctypes.CDLL(str(target))
     except OSError as err:
