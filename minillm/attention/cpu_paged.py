@@ -84,8 +84,8 @@ def _library() -> ctypes.CDLL | str:
     except OSError as err:
         return f"loading {target} failed: {err}"
     kernel = library.paged_decode_attention_f32
-    kernel.restype = None
-    kernel.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [ctypes.c_float]
+    kernel.restype = ctypes.c_int  # the rows it refused to read (a length or a block id out of range)
+    kernel.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 7 + [ctypes.c_float]
     return library
 
 
@@ -111,11 +111,16 @@ def _paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("the KV caches must be contiguous")
     num_seqs, num_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, _ = k_cache.shape
+    num_blocks, block_size, num_kv_heads, _ = k_cache.shape
+    width = tables.shape[1]
     out = torch.empty_like(q)
-    library.paged_decode_attention_f32(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
-                                       lens.data_ptr(), out.data_ptr(), num_seqs, num_heads, num_kv_heads, head_dim,
-                                       block_size, tables.shape[1], scale)
+    refused = library.paged_decode_attention_f32(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+                                                 tables.data_ptr(), lens.data_ptr(), out.data_ptr(), num_seqs,
+                                                 num_heads, num_kv_heads, head_dim, block_size, width, num_blocks,
+                                                 scale)
+    if refused:
+        raise ValueError(f"{refused} of {num_seqs} rows not read: context lengths must be in [1, {width * block_size}]"
+                         f" (the block tables' width x block_size), and no block id outside [0, {num_blocks})")
     return out
 
 
@@ -130,13 +135,4 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     block_tables (num_seqs, width) int, context_lens (num_seqs,) int >= 1 -> (num_seqs, num_heads, head_dim)."""
     if q.dtype != torch.float32 or k_cache.dtype != torch.float32:
         raise ValueError(f"the C kernel is float32 only, got q {q.dtype} and cache {k_cache.dtype}")
-    # the kernel trusts these: out of range, it would read outside the cache (a compiled step's come from
-    # the engine's own buffers, checked when they were filled)
-    if q.shape[0] and not torch.compiler.is_compiling():
-        width, block_size, num_blocks = block_tables.shape[1], k_cache.shape[1], k_cache.shape[0]
-        if not 1 <= int(context_lens.min()) <= int(context_lens.max()) <= width * block_size:
-            raise ValueError(f"context lengths must be in [1, {width * block_size}] (the block tables' width x "
-                             f"block_size), got {context_lens.tolist()}")
-        if block_tables.numel() and not 0 <= int(block_tables.min()) <= int(block_tables.max()) < num_blocks:
-            raise ValueError(f"block tables hold ids outside [0, {num_blocks})")
     return _paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)

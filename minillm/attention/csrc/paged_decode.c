@@ -12,19 +12,32 @@
  *     m' = max(m, max(scores))    acc = acc * exp(m - m') + sum_t exp(s_t - m') v_t
  *                                 l   = l   * exp(m - m') + sum_t exp(s_t - m')      out = acc / l
  *
+ * A row whose context length is outside [1, width * block_size], or whose table names a block outside
+ * [0, num_blocks), is not read (its output is left as it was) and counted: the return value, which the
+ * caller turns into an error. The kernel guards its own reads, once per row.
+ *
  * Built and loaded by minillm/attention/cpu_paged.py.
  */
 #include <math.h>
 
-void paged_decode_attention_f32(const float *q, const float *k_cache, const float *v_cache,
-                                const int *block_tables, const int *context_lens, float *out,
-                                int num_seqs, int num_heads, int num_kv_heads, int head_dim,
-                                int block_size, int width, float scale)
+int paged_decode_attention_f32(const float *q, const float *k_cache, const float *v_cache,
+                               const int *block_tables, const int *context_lens, float *out,
+                               int num_seqs, int num_heads, int num_kv_heads, int head_dim,
+                               int block_size, int width, int num_blocks, float scale)
 {
     const int group = num_heads / num_kv_heads;
-    #pragma omp parallel for collapse(2) schedule(dynamic, 1)
+    int refused = 0;
+    #pragma omp parallel for collapse(2) schedule(dynamic, 1) reduction(+ : refused)
     for (int s = 0; s < num_seqs; s++) {
         for (int kv = 0; kv < num_kv_heads; kv++) {
+            const int len = context_lens[s];
+            int valid = len >= 1 && len <= width * block_size;
+            for (int b = 0; valid && b * block_size < len; b++)
+                valid = block_tables[(long)s * width + b] >= 0 && block_tables[(long)s * width + b] < num_blocks;
+            if (!valid) {
+                refused += kv == 0;  /* one count per row */
+                continue;
+            }
             float m[group], l[group], acc[group * head_dim], scores[group * block_size];
             const float *qs = q + ((long)s * num_heads + kv * group) * head_dim;
             for (int g = 0; g < group; g++) {
@@ -33,7 +46,6 @@ void paged_decode_attention_f32(const float *q, const float *k_cache, const floa
             }
             for (int i = 0; i < group * head_dim; i++)
                 acc[i] = 0.f;
-            const int len = context_lens[s];
             for (int b = 0; b * block_size < len; b++) {
                 const long block = block_tables[(long)s * width + b];
                 const int tokens = len - b * block_size < block_size ? len - b * block_size : block_size;
@@ -78,4 +90,5 @@ void paged_decode_attention_f32(const float *q, const float *k_cache, const floa
             }
         }
     }
+    return refused;
 }
