@@ -151,6 +151,7 @@ class Trials(Generic[T]):
     cpu: CpuUse
     rerun: str = "this cell"  # what to rerun once the machine is quiet
     checked: list[PairedRatio] = field(default_factory=list)  # comparisons the warning looks at
+    before: CpuUse | None = None  # the glance before the rounds, when it found the machine busy already
 
     @property
     def rounds(self) -> int:
@@ -191,6 +192,8 @@ class Trials(Generic[T]):
         found = []
         if self.cpu.busy:
             found.append(self.cpu.describe())
+        elif self.before is not None and self.before.busy:  # fewer threads may have hidden it from the rounds
+            found.append("before the rounds, " + self.before.describe())
         for r in self.checked:
             if not r.agrees:
                 shown = ", ".join(f"{x:.2f}" for x in r.per_round)
@@ -226,10 +229,12 @@ def interleaved(runs: Mapping[str, Callable[[], T]], rounds: int = 3, *, warmup:
         raise ValueError(f"need at least one round and one configuration, got {rounds} rounds, {len(runs)} runs")
     names = list(runs)
     threads = torch.get_num_threads()
+    busy_before = None
     if progress:
         with CpuWatch(include) as glance:
             time.sleep(0.25)
         if glance.use is not None and glance.use.busy:
+            busy_before = glance.use
             threads = min(threads, glance.use.free_cores)
             fewer = "" if threads == torch.get_num_threads() else (
                 f" Meanwhile torch computes with {threads} thread{'s' * (threads != 1)} instead of "
@@ -250,7 +255,7 @@ def interleaved(runs: Mapping[str, Callable[[], T]], rounds: int = 3, *, warmup:
     assert watch.use is not None
     _say(progress, f"measured {len(names)} configuration{'s' * (len(names) > 1)} x {rounds} "
                    f"round{'s' * (rounds > 1)} in {watch.use.wall_s:.1f} s", end="\n")
-    return Trials(results, watch.use, rerun)
+    return Trials(results, watch.use, rerun, before=busy_before)
 
 
 @contextlib.contextmanager

@@ -43,6 +43,18 @@ def test_a_comparison_that_goes_both_ways_is_flagged():
     assert "A / B went both ways over the rounds (1.25, 0.77, 1.11)" in warning and "rerun this cell" in warning
 
 
+def test_a_machine_busy_before_the_rounds_keeps_the_warning_when_fewer_threads_hide_it_from_them():
+    """Seen in CI: the glance found 1.9 of 2 cores busy, the rounds ran on 1 thread, and in their 0.2 s
+    the others' share fell under the threshold for one thread — the printed "will be disturbed" must stand."""
+    before = CpuUse(wall_s=0.25, ours_s=0.0, others_s=0.475, cores=2, threads=2)
+    rounds = CpuUse(wall_s=0.2, ours_s=0.2, others_s=0.22, cores=2, threads=1)
+    assert before.busy and not rounds.busy
+    assert Trials({"a": [1.0]}, rounds).warning() is None
+    warning = Trials({"a": [1.0]}, rounds, before=before).warning()
+    assert warning is not None and "before the rounds, other programs kept 1.9 of this machine's 2 cores" in warning
+    assert Trials({"a": [1.0]}, rounds, before=CpuUse(0.25, 0.0, 0.0, 2, 2)).warning() is None
+
+
 @pytest.mark.parametrize(("others_s", "cores", "threads", "busy"),
                          [(0.35, 2, 2, False), (0.5, 2, 2, True), (1.15, 2, 1, False), (1.3, 2, 1, True),
                           (2.3, 4, 2, False), (2.5, 4, 2, True)])
