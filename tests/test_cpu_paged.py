@@ -39,6 +39,48 @@ def test_kernel_equals_the_torch_reference(block_size, heads, kv_heads, head_dim
     torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("num_seqs", [1, 2, 9])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 2, 64), (14, 2, 64), (8, 2, 128), (16, 4, 64)])
+def test_kernel_groups_kv_heads_per_task_as_the_batch_allows(num_seqs, heads, kv_heads, head_dim):
+    """One sequence gives each KV head its own task (every thread busy); many give a task all the KV
+    heads whose query heads fit in registers; the shapes compiled with constant sizes and the rest alike."""
+    lengths = [1 + (37 * i) % 90 for i in range(num_seqs)]
+    q, k_cache, v_cache, tables, lens = case(lengths, 16, heads, kv_heads, head_dim, seed=num_seqs)
+    # consecutive blocks for some rows, scattered for the others: the prefetch at a jump, and the runs
+    tables[::2] = torch.arange(tables[::2].numel(), dtype=torch.int32).view(-1, tables.shape[1])
+    expected = paged_ops.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.125)
+    got = cpu_paged.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.125)
+    torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-5)
+
+
+def test_kernel_softmax_holds_at_extreme_scores():
+    """Scores hundreds apart (one token takes it all, the rest underflow to 0) and scores all equal:
+    the kernel's polynomial exp must agree with torch's where it matters."""
+    q, k_cache, v_cache, tables, lens = case([40, 300, 17], 16, 4, 2, 64, seed=3)
+    for scale in (40.0, 0.0, 1e-4):
+        expected = paged_ops.paged_decode_attention(q, k_cache, v_cache, tables, lens, scale)
+        got = cpu_paged.paged_decode_attention(q, k_cache, v_cache, tables, lens, scale)
+        torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-5)
+
+
+def test_kernel_exp_is_float_exact_over_the_softmax_range():
+    """exp_nonpositive (the C kernel's e^x, x <= 0) against torch.exp over [-87, 0]: at most a few units
+    in the last place (the attention rows above rely on it being this close)."""
+    x = torch.cat([torch.linspace(-87.0, 0.0, 100_001), torch.tensor([-1e-30, -0.0, -86.99])])
+    # one query over two tokens with scores 0 and x: the weight of the second is e^x / (1 + e^x)
+    k_cache = torch.zeros(len(x), 2, 1, 1)
+    k_cache[:, 1, 0, 0] = 1.0
+    v_cache = torch.zeros(len(x), 2, 1, 1)
+    v_cache[:, 1, 0, 0] = 1.0
+    tables = torch.arange(len(x), dtype=torch.int32).view(-1, 1)
+    lens = torch.full((len(x),), 2, dtype=torch.int32)
+    got = torch.cat([cpu_paged.paged_decode_attention(torch.ones(1, 1, 1), k_cache[i : i + 1], v_cache[i : i + 1],
+                                                      tables[:1] * 0, lens[:1], float(x[i]))
+                     for i in range(0, len(x), 997)]).flatten()
+    want = (torch.exp(x[::997].double()) / (1 + torch.exp(x[::997].double()))).float()
+    torch.testing.assert_close(got, want, atol=1e-37, rtol=6e-7)
+
+
 def test_kernel_reads_views_and_any_thread_count():
     q, k_cache, v_cache, tables, lens = case([9, 33, 2], 4, 4, 2, 16, seed=1)
     wide = torch.randn(3, 4 * 16 * 2)  # q as a non-contiguous view of a wider row (like a fused QKV split)
