@@ -10,8 +10,9 @@ shape that changes — so the recorded step masks instead:
     keys of row i:  every block of its table (the full width, pad blocks included)
     visible:        key position < context_lens[i]        (the rest: -inf before the softmax)
 
-The Triton decode kernel already reads `context_lens` on the GPU and stops there: with it, the
-recorded step reads no more than an eager one.
+The kernels — Triton's on a GPU, the C one on a CPU (minillm/attention/cpu_paged.py) — read
+`context_lens` themselves and stop there: with them (`ops`, the cache's own), the recorded step reads
+no more than an eager one.
 """
 
 from __future__ import annotations

@@ -96,7 +96,7 @@ class RecordedDecode:
         tables = tables[:, :used]
         if self._compiled is None:
             return decode_step(self.model, self.cache.k, self.cache.v, ids, positions, slots, tables,
-                               context_lens)[: len(rows)], bucket
+                               context_lens, self.cache.ops)[: len(rows)], bucket
         if self._weights_version() != self._weights_seen:  # frozen weights changed in place: compile afresh
             self._release()
             self._compiled, self._weights_seen = self._compile(), self._weights_version()
@@ -108,7 +108,7 @@ class RecordedDecode:
         try:  # freezing: the weights become constants, so Inductor pre-packs them for the CPU's matmul kernels
             with torch._dynamo.config.patch(limits), torch._inductor.config.patch(freezing=True):
                 logits = self._compiled(self.model, self.cache.k, self.cache.v, ids, positions, slots, tables,
-                                        context_lens)
+                                        context_lens, self.cache.ops)
         except Exception as err:  # noqa: BLE001 (any failure to compile: say it once, run eagerly)
             self.disabled_reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
             logger.warning("compile=True: the decode step could not be compiled (%s); every step now runs eagerly",
