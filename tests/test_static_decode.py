@@ -89,7 +89,7 @@ def test_the_static_step_equals_the_eager_forward_and_writes_only_its_slots(mode
         got = decode_step(model, cache.k, cache.v, *inputs.tensors)
     torch.testing.assert_close(got[:3], expected, rtol=1e-5, atol=1e-5)
     for layer in range(c.num_layers):  # every real block as the eager pass left it; only the pad block differs
-        torch.testing.assert_close(cache.k[layer][:12], eager.k[layer][:12], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(cache.k[layer][:12], eager.k[layer][:12], rtol=1e-5, atol=1e-5)  # K is O(1)
         assert not torch.equal(cache.k[layer][12], eager.k[layer][12])
 
 

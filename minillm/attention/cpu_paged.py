@@ -8,11 +8,10 @@ the block table, with an online softmax — the CPU twin of the Triton decode ke
 model's attention shape it takes 2-5x less time than the reference (benchmarks/cpu_decode_kernel.py),
 reading 14-30 GB/s on a 2-core machine whose memory streams about 30.
 
-It is built on first use with the machine's C compiler (the one torch.compile's CPU backend needs
-too), cached under ~/.cache/minillm/kernels/ (or $MINILLM_CACHE), loaded with ctypes and registered as
-the torch operator `minillm::paged_decode_attention_cpu`, so a compiled step (chapter 8) calls it
-as one opaque kernel. Its OpenMP threads are torch's own (the same libgomp): `torch.set_num_threads`
-governs them. Prefill attention and the K/V store stay the torch reference's.
+It is built on first use with the machine's C compiler and cached (minillm/native.py), loaded with
+ctypes and registered as the torch operator `minillm::paged_decode_attention_cpu`, so a compiled step
+(chapter 8) calls it as one opaque kernel. Its OpenMP threads are torch's own (the same libgomp):
+`torch.set_num_threads` governs them. Prefill attention and the K/V store stay the torch reference's.
 
 `unavailable_reason()` says why the kernel cannot run here (no compiler, a build error); the engine
 then uses the torch reference and logs why.
@@ -22,68 +21,24 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
+from minillm import native
 from minillm.attention.paged_ops import paged_prefill_attention, store_kv
 
 __all__ = ["paged_decode_attention", "paged_prefill_attention", "store_kv", "unavailable_reason"]
 
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("MINILLM_CACHE") or Path.home() / ".cache" / "minillm"
-    return Path(root) / "kernels"
-
-
-def _cpu_signature() -> str:
-    """What -march=native compiled for: the CPU's feature flags (a shared home on another CPU rebuilds)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 @functools.cache
 def _library() -> ctypes.CDLL | str:
-    """The loaded kernel, or why there is none."""
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        return "no C compiler found (set CC, or install gcc)"
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join([compiler, *FLAGS, _cpu_signature()]).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"paged_decode-{key}.so"
-    if not target.exists():
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=target.parent) as tmp:  # built aside, then moved: never half a file
-                built = Path(tmp) / target.name
-                try:
-                    run = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"],
-                                         capture_output=True, text=True, timeout=120)
-                except (OSError, subprocess.TimeoutExpired) as err:
-                    return f"the C compiler {compiler!r} could not run: {err}"
-                if run.returncode:
-                    return f"building {SOURCE.name} failed: {run.stderr.strip()[-500:]}"
-                os.replace(built, target)
-        except OSError as err:  # a cache folder that cannot be written (a read-only home)
-            return f"the kernel cache {target.parent} is not writable ({err}); set MINILLM_CACHE to a folder that is"
-    try:
-        library = ctypes.CDLL(str(target))
-    except OSError as err:
-        return f"loading {target} failed: {err}"
+    """The loaded kernel (minillm/native.py builds it), or why there is none."""
+    library = native.load(SOURCE)
+    if isinstance(library, str):
+        return library
     kernel = library.paged_decode_attention_f32
     kernel.restype = ctypes.c_int  # the rows it refused to read (a length or a block id out of range)
     kernel.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 7 + [ctypes.c_float]

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from minillm.attention.backend import AttentionBackend
+from minillm.model import fused_cpu
 from minillm.model.config import ModelConfig
 from minillm.model.layers import RMSNorm
 from minillm.model.linear import Linear
@@ -35,12 +36,18 @@ class SelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, rotation: Rotation, backend: AttentionBackend) -> torch.Tensor:
         """x: (num_tokens, hidden) -> (num_tokens, hidden)."""
         n = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = self.qkv_proj(x)  # (num_tokens, q_size + 2 * kv_size)
+        rotated = self.q_norm is None and fused_cpu.usable(qkv, rotation.cos)
+        if rotated:  # q's heads and k's, side by side in each row: rotated in place, in one pass
+            fused_cpu.rope_(qkv, rotation.cos, rotation.signed_sin, self.num_heads + self.num_kv_heads,
+                            self.head_dim)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(n, self.num_heads, self.head_dim)  # (num_tokens, num_heads, head_dim)
         k = k.view(n, self.num_kv_heads, self.head_dim)  # (num_tokens, num_kv_heads, head_dim)
         v = v.view(n, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotation.apply(q, k)
+        if not rotated:
+            q, k = rotation.apply(q, k)
         out = backend.attend(self.layer_index, q, k, v, self.scale)  # (num_tokens, num_heads, head_dim)
         return self.o_proj(out.reshape(n, self.q_size))

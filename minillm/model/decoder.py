@@ -26,8 +26,9 @@ class DecoderLayer(nn.Module):
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, config.mlp_bias)
 
     def forward(self, x: torch.Tensor, rotation: Rotation, backend: AttentionBackend) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rotation, backend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        attended = self.self_attn(self.input_layernorm(x), rotation, backend)
+        h, x = self.post_attention_layernorm.add_and_norm(attended, x)  # x = x + attended; h = norm(x)
+        return x + self.mlp(h)
 
 
 class CausalLM(nn.Module):

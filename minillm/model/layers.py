@@ -1,4 +1,7 @@
-"""The decoder's small building blocks: RMSNorm and the gated (SwiGLU) MLP."""
+"""The decoder's small building blocks: RMSNorm and the gated (SwiGLU) MLP.
+
+On a CPU in float32 both run fused C kernels (minillm/model/fused_cpu.py) where they can; the torch
+code below is what they compute, and what runs everywhere else."""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minillm.model import fused_cpu
 from minillm.model.linear import Linear
 
 
@@ -18,8 +22,17 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if fused_cpu.usable(x, self.weight):
+            return fused_cpu.rms_norm(x, self.weight, self.eps)[0]
         normed = F.rms_norm(x.float(), self.weight.shape, eps=self.eps)  # x / sqrt(mean(x²) + eps)
         return self.weight * normed.to(x.dtype)
+
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual): a residual connection and the norm after it, in one pass."""
+        if fused_cpu.usable(x, residual, self.weight):
+            return fused_cpu.rms_norm(x, self.weight, self.eps, residual)
+        summed = residual + x
+        return self(summed), summed
 
 
 class GatedMLP(nn.Module):
@@ -32,5 +45,8 @@ class GatedMLP(nn.Module):
         self.down_proj = Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)  # 2 × (num_tokens, inter)
+        gate_up = self.gate_up_proj(x)  # (num_tokens, 2 * inter)
+        if fused_cpu.usable(gate_up):
+            return self.down_proj(fused_cpu.silu_mul(gate_up))
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)  # 2 × (num_tokens, inter)
         return self.down_proj(F.silu(gate) * up)
