@@ -365,17 +365,19 @@ def versus_vllm_words(saved: dict, overhead: dict | None) -> str:
                 words.append(f"Offline (LLM.generate against vllm.LLM, {saved['offline']['requests']} requests of "
                              f"mixed lengths — another workload — greedy tokens identical in {same} of them), our "
                              f"engine reached {offline:.2f}x vLLM's.")
+                engine = ("the engine itself is behind" if offline < 0.95 else "the engine itself is ahead"
+                          if offline > 1.05 else "the engines themselves are level")
                 if served < offline - 0.05:
                     words.append(f"Served, we keep less of vLLM's pace than offline ({served:.2f}x against "
-                                 f"{offline:.2f}x): part of the gap lies between the engine and the socket — the "
-                                 "front end's work, the messages, HTTP.")
+                                 f"{offline:.2f}x): the path between the engine and the socket — the front end's "
+                                 "work, the messages, HTTP — costs us more than vLLM's costs it.")
                 elif served > offline + 0.05:
                     words.append(f"Served, we come closer to vLLM than offline ({served:.2f}x against "
-                                 f"{offline:.2f}x): vLLM's serving path costs it more than ours costs us, and the gap "
-                                 "lies in the engine itself.")
+                                 f"{offline:.2f}x): vLLM's serving path costs it more than ours costs us; offline, "
+                                 f"{engine}.")
                 else:
                     words.append(f"Served and offline, the same share of vLLM's pace ({served:.2f}x, {offline:.2f}x): "
-                                 "the gap lies in the engine itself, not in the serving path.")
+                                 f"{engine}, and the serving paths cost both about alike.")
         held = highest_rate_held(saved, "vllm")
         if held is not None:
             ttft = {n: next(r["ttft_s"]["p50"] for r in saved["servers"][n]["rates"] if r["rate"] == held)
