@@ -81,6 +81,53 @@ def test_kernel_exp_is_float_exact_over_the_softmax_range():
     torch.testing.assert_close(got, want, atol=1e-37, rtol=6e-7)
 
 
+def prefill_case(starts, lens, block_size, heads, kv_heads, head_dim, seed=0):
+    """q as the view of a fused qkv projection (tokens a row apart), every sequence's blocks scattered."""
+    gen = torch.Generator().manual_seed(seed)
+    width = max(-(-(s + n) // block_size) for s, n in zip(starts, lens))
+    num_blocks = width * len(lens) + 2
+    k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen)
+    v_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen)
+    tables = torch.randperm(num_blocks, generator=gen)[: width * len(lens)].view(len(lens), width).to(torch.int32)
+    qkv = torch.randn(sum(lens) + 3, (heads + 2 * kv_heads) * head_dim, generator=gen)  # + 3 rows no sequence owns
+    q = qkv[:, : heads * head_dim].view(-1, heads, head_dim)
+    rows = torch.tensor([3 + sum(lens[:i]) for i in range(len(lens))], dtype=torch.int32)
+    as_int = lambda values: torch.tensor(values, dtype=torch.int32)  # noqa: E731
+    return q, k_cache, v_cache, tables, rows, as_int(lens), as_int(starts)
+
+
+@pytest.mark.parametrize("starts,lens", [([0], [1]), ([0, 0], [264, 77]), ([0, 40, 5], [1, 33, 130]),
+                                         ([16, 0, 31], [16, 17, 2])])
+@pytest.mark.parametrize("heads,kv_heads,head_dim,block_size", [(4, 2, 64, 16), (14, 2, 64, 16), (8, 8, 32, 5),
+                                                                 (8, 2, 128, 16), (6, 1, 48, 4)])
+def test_prefill_kernel_equals_the_torch_reference(starts, lens, heads, kv_heads, head_dim, block_size):
+    """Fresh prefills and extends after cached tokens (on a block boundary and not), one token or hundreds,
+    the shapes compiled with constant sizes and the rest; the rows of no sequence are left as they were."""
+    q, k_cache, v_cache, tables, rows, query_lens, context_starts = prefill_case(starts, lens, block_size, heads,
+                                                                                 kv_heads, head_dim)
+    expected = torch.full(q.shape, 7.0)
+    paged_ops.paged_prefill_attention(q, k_cache, v_cache, tables, rows, query_lens, context_starts, 0.125, expected)
+    got = torch.full(q.shape, 7.0)
+    cpu_paged.paged_prefill_attention(q, k_cache, v_cache, tables, rows, query_lens, context_starts, 0.125, got)
+    torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-5)
+    assert (got[:3] == 7.0).all()
+
+
+def test_prefill_kernel_refuses_what_it_cannot_read_safely():
+    q, k_cache, v_cache, tables, rows, query_lens, context_starts = prefill_case([0, 4], [5, 3], 4, 4, 2, 8)
+    out = torch.zeros(q.shape)
+    with pytest.raises(ValueError, match="1 of 2 sequences not read"):  # past its table's width
+        cpu_paged.paged_prefill_attention(q, k_cache, v_cache, tables, rows, query_lens, torch.tensor([0, 9]),
+                                          1.0, out)
+    bad = tables.clone()
+    bad[1, 0] = 10_000
+    with pytest.raises(ValueError, match="no block id outside"):
+        cpu_paged.paged_prefill_attention(q, k_cache, v_cache, bad, rows, query_lens, context_starts, 1.0, out)
+    with pytest.raises(ValueError, match="float32 only"):
+        cpu_paged.paged_prefill_attention(q.double(), k_cache, v_cache, tables, rows, query_lens, context_starts,
+                                          1.0, out)
+
+
 def test_kernel_reads_views_and_any_thread_count():
     q, k_cache, v_cache, tables, lens = case([9, 33, 2], 4, 4, 2, 16, seed=1)
     wide = torch.randn(3, 4 * 16 * 2)  # q as a non-contiguous view of a wider row (like a fused QKV split)

@@ -1,17 +1,19 @@
-"""Paged decode attention as a small C kernel for the CPU (float32), with the signatures of
+"""Paged attention as small C kernels for the CPU (float32), decode and prefill, with the signatures of
 `minillm/attention/paged_ops.py`.
 
-The torch reference gathers every sequence's blocks into one padded copy (index_select) and hands it
-to SDPA: each step copies the whole KV context of the batch, in every layer, before reading it again.
-The kernel (`minillm/attention/csrc/paged_decode.c`) reads each cached K/V row once, in place through
-the block table, with an online softmax — the CPU twin of the Triton decode kernel. On the shipped
-model's attention shape it takes 2-5x less time than the reference (benchmarks/cpu_decode_kernel.py),
-reading 14-30 GB/s on a 2-core machine whose memory streams about 30.
+The torch reference gathers every sequence's blocks into one copy (index_select) and hands it to
+SDPA: each step copies the whole KV context of the batch, in every layer, before reading it again.
+The kernels (`minillm/attention/csrc/paged_attention.c`) read each cached K/V row in place through the
+block table, with an online softmax — the CPU twins of the Triton kernels. On the shipped model's
+attention shape decode takes 2-5x less time than the reference, reading 14-30 GB/s on a 2-core machine
+whose memory streams about 30; prefill 1.2-2x less than gathering the context and calling SDPA's flash
+kernel (benchmarks/cpu_attention_kernels.py).
 
 It is built on first use with the machine's C compiler and cached (minillm/native.py), loaded with
 ctypes and registered as the torch operator `minillm::paged_decode_attention_cpu`, so a compiled step
-(chapter 8) calls it as one opaque kernel. Its OpenMP threads are torch's own (the same libgomp):
-`torch.set_num_threads` governs them. Prefill attention and the K/V store stay the torch reference's.
+(chapter 8) calls it as one opaque kernel; prefill runs only eagerly and is a plain function. Their
+OpenMP threads are torch's own (the same libgomp): `torch.set_num_threads` governs them. The K/V store
+stays the torch reference's.
 
 `unavailable_reason()` says why the kernel cannot run here (no compiler, a build error); the engine
 then uses the torch reference and logs why.
@@ -26,11 +28,11 @@ from pathlib import Path
 import torch
 
 from minillm import native
-from minillm.attention.paged_ops import paged_prefill_attention, store_kv
+from minillm.attention.paged_ops import store_kv
 
 __all__ = ["paged_decode_attention", "paged_prefill_attention", "store_kv", "unavailable_reason"]
 
-SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
+SOURCE = Path(__file__).with_name("csrc") / "paged_attention.c"
 
 
 @functools.cache
@@ -39,9 +41,11 @@ def _library() -> ctypes.CDLL | str:
     library = native.load(SOURCE)
     if isinstance(library, str):
         return library
-    kernel = library.paged_decode_attention_f32
-    kernel.restype = ctypes.c_int  # the rows it refused to read (a length or a block id out of range)
-    kernel.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 7 + [ctypes.c_float]
+    decode, prefill = library.paged_decode_attention_f32, library.paged_prefill_attention_f32
+    decode.restype = prefill.restype = ctypes.c_int  # what they refused to read (a length or block id out of range)
+    decode.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 7 + [ctypes.c_float]
+    pointer, long = ctypes.c_void_p, ctypes.c_long
+    prefill.argtypes = [pointer, long] + [pointer] * 7 + [long] + [ctypes.c_int] * 7 + [ctypes.c_float]
     return library
 
 
@@ -92,3 +96,34 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if q.dtype != torch.float32 or k_cache.dtype != torch.float32:
         raise ValueError(f"the C kernel is float32 only, got q {q.dtype} and cache {k_cache.dtype}")
     return _paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
+
+
+def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            block_tables: torch.Tensor, query_starts: torch.Tensor, query_lens: torch.Tensor,
+                            context_starts: torch.Tensor, scale: float, out: torch.Tensor,
+                            max_query_len: int | None = None) -> None:
+    """As `paged_ops.paged_prefill_attention`: sequence i's query_lens[i] new tokens, rows
+    query_starts[i]... of q (num_tokens, num_heads, head_dim), at positions context_starts[i]...,
+    attend causally through block_tables[i] to everything cached up to their own; writes those rows
+    of `out` in place. float32 on the CPU. (Eager only: prefill steps are never compiled.)"""
+    library = _library()
+    if isinstance(library, str):
+        raise RuntimeError(f"the CPU paged-attention kernel is unavailable: {library}")
+    if q.dtype != torch.float32 or k_cache.dtype != torch.float32 or out.dtype != torch.float32:
+        raise ValueError(f"the C kernel is float32 only, got q {q.dtype}, cache {k_cache.dtype}, out {out.dtype}")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("the KV caches must be contiguous")
+    if q.stride(2) != 1 or q.stride(1) != q.shape[2]:  # a token's heads side by side; tokens any distance apart
+        q = q.contiguous()
+    if out.stride(2) != 1 or out.stride(1) != out.shape[2]:
+        raise ValueError("out must hold each token's heads side by side")
+    tables = block_tables.to(torch.int32).contiguous()
+    starts, lens, contexts = (t.to(torch.int32).contiguous() for t in (query_starts, query_lens, context_starts))
+    num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
+    refused = library.paged_prefill_attention_f32(
+        q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), starts.data_ptr(),
+        lens.data_ptr(), contexts.data_ptr(), out.data_ptr(), out.stride(0), len(lens), q.shape[1], num_kv_heads,
+        head_dim, block_size, tables.shape[1] if tables.dim() == 2 else 0, num_blocks, scale)
+    if refused:
+        raise ValueError(f"{refused} of {len(lens)} sequences not read: their new tokens must lie within their block "
+                         f"tables (width x {block_size} positions), and no block id outside [0, {num_blocks})")

@@ -65,7 +65,7 @@ void rope_f32(float *qkv, long row_stride, const float *cos, const float *signed
     }
 }
 
-/* e^x in plain arithmetic a compiler vectorizes (as in minillm/attention/csrc/paged_decode.c, for any
+/* e^x in plain arithmetic a compiler vectorizes (as in minillm/attention/csrc/paged_attention.c, for any
  * x): x = n ln2 + r, e^r by its Taylor polynomial, 2^n in the exponent bits; clamped to [-87, 88]. */
 static inline float exp_clamped(float x)
 {
