@@ -113,6 +113,25 @@ def test_prefill_kernel_equals_the_torch_reference(starts, lens, heads, kv_heads
     assert (got[:3] == 7.0).all()
 
 
+def test_prefill_kernel_reads_nothing_past_a_context():
+    """Every place of the cache no sequence's context covers holds NaN: a stray read would show."""
+    q, k_cache, v_cache, tables, rows, query_lens, context_starts = prefill_case([5, 0], [20, 33], 16, 4, 2, 64, 4)
+    used = {}
+    for table, start, n in zip(tables.tolist(), context_starts.tolist(), query_lens.tolist()):
+        for position in range(start + n):
+            used.setdefault(table[position // 16], set()).add(position % 16)
+    for cache in (k_cache, v_cache):
+        for block in range(cache.shape[0]):
+            for slot in range(16):
+                if slot not in used.get(block, ()):
+                    cache[block, slot] = float("nan")
+    expected, got = torch.zeros(q.shape), torch.zeros(q.shape)
+    paged_ops.paged_prefill_attention(q, k_cache, v_cache, tables, rows, query_lens, context_starts, 0.125, expected)
+    cpu_paged.paged_prefill_attention(q, k_cache, v_cache, tables, rows, query_lens, context_starts, 0.125, got)
+    assert not got.isnan().any()
+    torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-5)
+
+
 def test_prefill_kernel_refuses_what_it_cannot_read_safely():
     q, k_cache, v_cache, tables, rows, query_lens, context_starts = prefill_case([0, 4], [5, 3], 4, 4, 2, 8)
     out = torch.zeros(q.shape)
