@@ -109,3 +109,22 @@ def test_mlp_uses_the_fused_kernel_under_inference():
         fused = mlp(x)
     gate, up = mlp.gate_up_proj(x).split(16, dim=-1)
     torch.testing.assert_close(fused, mlp.down_proj(F.silu(gate) * up), atol=1e-6, rtol=1e-5)
+
+
+def test_turned_off_or_unbuildable_the_layers_run_their_torch_code(monkeypatch, tmp_path):
+    norm = RMSNorm(16, 1e-6)
+    x = torch.randn(3, 16)
+    try:
+        for env, value, reason in (("MINILLM_FUSED_CPU", "0", "MINILLM_FUSED_CPU=0"),
+                                   ("CC", str(tmp_path / "no-such-compiler"), "no-such-compiler")):
+            monkeypatch.setenv(env, value)
+            monkeypatch.setenv("MINILLM_CACHE", str(tmp_path))  # nothing built there: the compiler is asked
+            fused_cpu._library.cache_clear()
+            assert reason in fused_cpu.unavailable_reason()
+            with torch.inference_mode():
+                assert not fused_cpu.usable(x) and torch.equal(norm(x), _torch_norm(x, norm.weight, 1e-6))
+            monkeypatch.undo()
+    finally:
+        monkeypatch.undo()
+        fused_cpu._library.cache_clear()
+    assert fused_cpu.unavailable_reason() is None
