@@ -1,7 +1,8 @@
 """Small C kernels for the CPU, built on first use with the machine's C compiler.
 
     load(source) ──► ~/.cache/minillm/kernels/<name>-<hash>.so ──► ctypes.CDLL
-                     (or $MINILLM_CACHE/kernels/; built once per source, compiler, flags and CPU)
+                     (or $MINILLM_CACHE/kernels/; built once per source and shared headers
+                     (minillm/csrc/), compiler, flags and CPU)
 
 The compiler is the one torch.compile's CPU backend needs too (`cc`, `gcc`, or $CC). The kernels use
 OpenMP: torch's own libgomp, already loaded, so `torch.set_num_threads` governs their threads too.
@@ -22,7 +23,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
+INCLUDE = Path(__file__).with_name("csrc")  # headers the kernels share (fast_exp.h)
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", f"-I{INCLUDE}"]
 
 
 def cache_dir() -> Path:
@@ -46,7 +48,7 @@ def load(source: Path) -> ctypes.CDLL | str:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         return "no C compiler found (set CC, or install gcc)"
-    code = source.read_bytes()
+    code = source.read_bytes() + b"".join(h.read_bytes() for h in sorted(INCLUDE.glob("*.h")))  # a header edit rebuilds
     key = hashlib.sha256(code + " ".join([compiler, *FLAGS, _cpu_signature()]).encode()).hexdigest()[:16]
     target = cache_dir() / f"{source.stem}-{key}.so"
     if not target.exists():

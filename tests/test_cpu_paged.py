@@ -64,8 +64,8 @@ def test_kernel_softmax_holds_at_extreme_scores():
 
 
 def test_kernel_exp_is_float_exact_over_the_softmax_range():
-    """exp_nonpositive (the C kernel's e^x, x <= 0) against torch.exp over [-87, 0]: at most a few units
-    in the last place (the attention rows above rely on it being this close)."""
+    """fast_exp (minillm/csrc/fast_exp.h, the C kernels' e^x) against torch.exp over [-87, 0]: at most a
+    few units in the last place (the attention rows above rely on it being this close)."""
     x = torch.cat([torch.linspace(-87.0, 0.0, 100_001), torch.tensor([-1e-30, -0.0, -86.99])])
     # one query over two tokens with scores 0 and x: the weight of the second is e^x / (1 + e^x)
     k_cache = torch.zeros(len(x), 2, 1, 1)

@@ -123,7 +123,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     refused = library.paged_prefill_attention_f32(
         q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), starts.data_ptr(),
         lens.data_ptr(), contexts.data_ptr(), out.data_ptr(), out.stride(0), len(lens), q.shape[1], num_kv_heads,
-        head_dim, block_size, tables.shape[1] if tables.dim() == 2 else 0, num_blocks, scale)
+        head_dim, block_size, tables.shape[1], num_blocks, scale)
     if refused:
         raise ValueError(f"{refused} of {len(lens)} sequences not read: their new tokens must lie within their block "
                          f"tables (width x {block_size} positions), and no block id outside [0, {num_blocks})")

@@ -30,39 +30,17 @@
  *     every thread has a task.
  *   - A jump to a block that is not the next one in memory is announced a block ahead
  *     (__builtin_prefetch): the hardware prefetcher follows runs, not block tables.
- *   - The arithmetic is cheap: exp is a polynomial the compiler vectorizes (exp_nonpositive), the
+ *   - The arithmetic is cheap: exp is a polynomial the compiler vectorizes (fast_exp.h), the
  *     accumulators are rescaled only when the running max moves, and the common shapes are compiled
  *     with their sizes as constants (SPECIALISED below), so the loops unroll into registers.
  * ------------------------------------------------------------------------------------------------ */
 #include <omp.h>
-#include <stdint.h>
 #include <string.h>
+
+#include "fast_exp.h"
 
 #define MAX_REGISTER_FLOATS 256 /* accumulators a task keeps: query heads x head_dim */
 
-/* e^x for x <= 0, in plain arithmetic a compiler vectorizes: x = n ln2 + r with |r| <= ln2 / 2, e^r by
- * its Taylor polynomial, 2^n written into the exponent bits. Relative error about 2e-7 (expf's
- * rounding); below -87 it returns e^-87 (1.6e-38), which no softmax sum can tell from 0. */
-static inline float exp_nonpositive(float x)
-{
-    x = x < -87.f ? -87.f : x;
-    const float shifted = x * 1.44269504f + 12582912.f; /* + 1.5 * 2^23 rounds x / ln2 to an integer n */
-    const float n = shifted - 12582912.f;
-    const float r = (x - n * 0.693145752f) - n * 1.42860677e-6f; /* ln2 in two parts: r stays exact */
-    float p = 1.f / 720;
-    p = p * r + 1.f / 120;
-    p = p * r + 1.f / 24;
-    p = p * r + 1.f / 6;
-    p = p * r + 0.5f;
-    p = p * r + 1.f;
-    p = p * r + 1.f;
-    int32_t bits;
-    memcpy(&bits, &shifted, sizeof bits);   /* n sits in the low bits of `shifted`'s mantissa */
-    bits = (bits - 0x4B400000 + 127) << 23; /* 2^n: n + 127 in the exponent field */
-    float two_to_n;
-    memcpy(&two_to_n, &bits, sizeof two_to_n);
-    return p * two_to_n;
-}
 
 /* One task: `heads` query heads of one sequence (those of KV heads kv, kv + 1, ...: head h reads KV
  * head kv + h / group), over its `len` tokens. Always inlined, so that where the call passes constants
@@ -108,11 +86,11 @@ attend(const float *q, const float *k_cache, const float *v_cache, const int *ta
                 m_new = ph[t] > m_new ? ph[t] : m_new;
             #pragma omp simd reduction(+ : sum)
             for (int t = 0; t < tokens; t++) {
-                ph[t] = exp_nonpositive(ph[t] - m_new);
+                ph[t] = fast_exp(ph[t] - m_new);
                 sum += ph[t];
             }
             if (m_new > m[h]) { /* the max moved: what was summed so far shrinks by exp(m - m') */
-                const float rescale = exp_nonpositive(m[h] - m_new);
+                const float rescale = fast_exp(m[h] - m_new);
                 l[h] *= rescale;
                 for (int d = 0; d < head_dim; d++)
                     acc[h * head_dim + d] *= rescale;
@@ -238,11 +216,11 @@ prefill_rows(const float *q, long q_stride, const float *kt, const float *v_bloc
             m_new = s[i][j] > m_new ? s[i][j] : m_new;
         #pragma omp simd reduction(+ : sum)
         for (int j = 0; j < block_size; j++) {
-            s[i][j] = j < visible[i] ? exp_nonpositive(s[i][j] - m_new) : 0.f;
+            s[i][j] = j < visible[i] ? fast_exp(s[i][j] - m_new) : 0.f;
             sum += s[i][j];
         }
         if (m_new > m[r]) {
-            const float rescale = exp_nonpositive(m[r] - m_new);
+            const float rescale = fast_exp(m[r] - m_new);
             l[r] *= rescale;
             #pragma omp simd
             for (int d = 0; d < head_dim; d++)
@@ -306,11 +284,11 @@ prefill_rows16(const float *q, long q_stride, const float *kt, const float *v_bl
             m_new = j < seen && p[j] * scale > m_new ? p[j] * scale : m_new;
         #pragma omp simd reduction(+ : sum)
         for (int j = 0; j < 16; j++) {
-            p[j] = j < seen ? exp_nonpositive(p[j] * scale - m_new) : 0.f;
+            p[j] = j < seen ? fast_exp(p[j] * scale - m_new) : 0.f;
             sum += p[j];
         }
         float *ar = acc + r * head_dim;
-        const float rescale = m_new > m[r] ? exp_nonpositive(m[r] - m_new) : 1.f;
+        const float rescale = m_new > m[r] ? fast_exp(m[r] - m_new) : 1.f;
         l[r] = l[r] * rescale + sum;
         m[r] = m_new;
         vec16 a[head_dim / 16]; /* the row's accumulator, in registers: head_dim / 16 independent sums */

@@ -12,8 +12,8 @@
  * threads. Built and loaded by minillm/model/fused_cpu.py.
  */
 #include <math.h>
-#include <stdint.h>
-#include <string.h>
+
+#include "fast_exp.h"
 
 #define PARALLEL_FROM 16384 /* elements: below this one thread is faster than waking the others */
 
@@ -65,28 +65,6 @@ void rope_f32(float *qkv, long row_stride, const float *cos, const float *signed
     }
 }
 
-/* e^x in plain arithmetic a compiler vectorizes (as in minillm/attention/csrc/paged_attention.c, for any
- * x): x = n ln2 + r, e^r by its Taylor polynomial, 2^n in the exponent bits; clamped to [-87, 88]. */
-static inline float exp_clamped(float x)
-{
-    x = x < -87.f ? -87.f : (x > 88.f ? 88.f : x);
-    const float shifted = x * 1.44269504f + 12582912.f;
-    const float n = shifted - 12582912.f;
-    const float r = (x - n * 0.693145752f) - n * 1.42860677e-6f;
-    float p = 1.f / 720;
-    p = p * r + 1.f / 120;
-    p = p * r + 1.f / 24;
-    p = p * r + 1.f / 6;
-    p = p * r + 0.5f;
-    p = p * r + 1.f;
-    p = p * r + 1.f;
-    int32_t bits;
-    memcpy(&bits, &shifted, sizeof bits);
-    bits = (bits - 0x4B400000 + 127) << 23;
-    float two_to_n;
-    memcpy(&two_to_n, &bits, sizeof two_to_n);
-    return p * two_to_n;
-}
 
 void silu_mul_f32(const float *gate_up, float *out, long rows, int size)
 {
@@ -96,6 +74,6 @@ void silu_mul_f32(const float *gate_up, float *out, long rows, int size)
         float *o = out + r * size;
         #pragma omp simd
         for (int d = 0; d < size; d++)
-            o[d] = gate[d] / (1.f + exp_clamped(-gate[d])) * up[d];
+            o[d] = gate[d] / (1.f + fast_exp(-gate[d])) * up[d];
     }
 }
