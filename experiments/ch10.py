@@ -4,7 +4,7 @@ in a process of its own, and what the front end costs per token.
     record              one short run through AsyncLLM (the engine on this process's event loop, as
                         `serve --engine-core thread` runs it) or ProcessAsyncLLM (the engine core in a
                         process of its own, as `serve` runs it), with every span of both sides recorded
-                        (minillm/engine_core/timeline.py); each streamed event is turned into the
+                        (minillm/timeline.py); each streamed event is turned into the
                         server's SSE line, as its route does, so the front end does a server's work
     save / load         recordings as JSON: chapters/data/core_timeline.json is the course's, recorded
                         by `python -m experiments.ch10` on a quiet machine
@@ -13,7 +13,7 @@ in a process of its own, and what the front end costs per token.
     versus_vllm         the saved benchmark (benchmarks/serve_vs_vllm.py, benchmarks/async_overhead.py): its
                         tables, its plot, and words computed from whatever numbers it holds
 
-What a recording can say is computed from its spans (`minillm/engine_core/timeline.py::Recording`):
+What a recording can say is computed from its spans (`minillm/timeline.py::Recording`):
 the share of the run each kind of work took, and how long the model's forward pass ran while the front
 end worked.
 """
@@ -40,10 +40,10 @@ from experiments import Finding
 from minillm.async_engine import AsyncLLM
 from minillm.config import EngineConfig
 from minillm.engine import LLMEngine
-from minillm.engine_core.timeline import FRONT_END_KINDS, Recording, Timeline
 from minillm.loadgen import prompts_from_text
 from minillm.sampling import SamplingParams
 from minillm.server.responses import chunk
+from minillm.timeline import FRONT_END_KINDS, Recording, Timeline
 from minillm.timing import PairedRatio, Trials, interleaved, torch_threads
 
 REPO = Path(__file__).resolve().parents[1]

@@ -38,11 +38,11 @@ from dataclasses import dataclass
 
 from minillm.config import EngineConfig
 from minillm.engine import LLMEngine, RequestOutput, StepUpdate
-from minillm.engine_core.timeline import Timeline, instrument, span
 from minillm.logprobs import TokenLogprob
 from minillm.model.loader import load
 from minillm.prompts import check_text_length, encode_prompt, longest_token_chars
 from minillm.sampling import SamplingParams
+from minillm.timeline import Timeline, instrument, span
 
 logger = logging.getLogger("minillm")
 

@@ -13,7 +13,7 @@ from minillm.async_engine import AsyncLLM
 from minillm.engine import LLMEngine
 from minillm.engine_core.core import EngineCore
 from minillm.engine_core.messages import CoreStep
-from minillm.engine_core.timeline import KINDS, WORKER, Recording, Span, Timeline, flatten, instrument, span
+from minillm.timeline import KINDS, WORKER, Recording, Span, Timeline, flatten, instrument, span
 from tests.hf_reference import ByteTokenizer
 from widgets.core_timeline import COLOURS, CoreTimeline, frame_times, render_frame
 

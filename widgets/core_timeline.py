@@ -20,7 +20,7 @@ import html
 import math
 from collections.abc import Sequence
 
-from minillm.engine_core.timeline import CORE_KINDS, FRONT_END_KINDS, WORKER, Recording
+from minillm.timeline import CORE_KINDS, FRONT_END_KINDS, WORKER, Recording
 from widgets.animation import Animation
 
 PLOT_W, LEFT, LANE_H, THIN_H, OVERVIEW_H, BINS = 720, 130, 22, 10, 5, 240

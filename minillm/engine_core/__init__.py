@@ -9,16 +9,11 @@
     core.py              the core process: its loop, and how it ends when its front end is gone
     output_processor.py  the front end's half of a request: text, stop strings, its output
     client.py            ProcessAsyncLLM: AsyncLLM's API over a core in another process
-    timeline.py          what each side did, span by span, when asked (chapter 10's timeline)
+
+What each side did, span by span, is recorded when asked by minillm/timeline.py (chapter 10's timeline),
+which the in-process AsyncLLM uses too.
 """
 
+from minillm.engine_core.client import ProcessAsyncLLM
+
 __all__ = ["ProcessAsyncLLM"]
-
-
-def __getattr__(name: str):
-    # Imported when first asked for: minillm/async_engine.py uses timeline.py, and client.py imports it back.
-    if name == "ProcessAsyncLLM":
-        from minillm.engine_core.client import ProcessAsyncLLM
-
-        return ProcessAsyncLLM
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

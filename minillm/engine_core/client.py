@@ -41,10 +41,10 @@ from minillm.engine_core.messages import (
     StopSample,
 )
 from minillm.engine_core.output_processor import RequestState
-from minillm.engine_core.timeline import Timeline, span
 from minillm.model.loader import load_tokenizer
 from minillm.prompts import encode_prompt
 from minillm.sampling import SamplingParams
+from minillm.timeline import Timeline, span
 
 logger = logging.getLogger("minillm")
 

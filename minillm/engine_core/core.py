@@ -38,8 +38,8 @@ from minillm.engine_core.messages import (
     StartCore,
     StopSample,
 )
-from minillm.engine_core.timeline import Timeline, instrument, span
 from minillm.model.loader import load
+from minillm.timeline import Timeline, instrument, span
 
 IDLE_POLL_S = 0.5  # how often an idle core checks that its front end is still there
 

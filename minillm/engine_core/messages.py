@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from minillm.config import EngineConfig
-from minillm.engine_core.timeline import Span
 from minillm.logprobs import TokenLogprob
 from minillm.model.config import ModelConfig
 from minillm.sampling import SamplingParams
+from minillm.timeline import Span
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class StartCore:
     config: EngineConfig
     parent_pid: int  # the front end: the core ends when it is no longer its parent
     threads: int | None = None  # the core's torch threads (None: torch's default)
-    timeline: bool = False  # record the core's spans and send them with its steps (timeline.py)
+    timeline: bool = False  # record the core's spans and send them with its steps (minillm/timeline.py)
 
 
 @dataclass(frozen=True)

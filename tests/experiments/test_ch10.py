@@ -14,7 +14,7 @@ import minillm
 from experiments import ch10
 from minillm import EngineConfig
 from minillm.engine import LLMEngine
-from minillm.engine_core.timeline import CORE_KINDS, WORKER, Recording, Span
+from minillm.timeline import CORE_KINDS, WORKER, Recording, Span
 from minillm.timing import CpuUse, Trials
 from tests.cpu_hog import cpu_hog
 
