@@ -162,6 +162,29 @@ def test_kernel_reads_views_and_any_thread_count():
         torch.set_num_threads(threads)
 
 
+def test_store_writes_the_references_slots_from_views_of_the_fused_rows():
+    gen = torch.Generator().manual_seed(3)
+    qkv = torch.randn(7, 4 * 16 + 2 * 2 * 16, generator=gen)  # (tokens, q | k | v), as the attention layer splits it
+    k, v = qkv[:, 64:96].view(7, 2, 16), qkv[:, 96:].view(7, 2, 16)
+    slots = torch.tensor([0, 5, 6, 31, 17, 2, 40])
+    caches = [torch.full((11, 4, 2, 16), float("nan")) for _ in range(4)]
+    cpu_paged.store_kv(k, v, caches[0], caches[1], slots)
+    paged_ops.store_kv(k, v, caches[2], caches[3], slots)
+    for got, expected in zip(caches[:2], caches[2:]):
+        torch.testing.assert_close(got, expected, equal_nan=True, atol=0, rtol=0)  # untouched slots stay NaN
+
+
+def test_store_refuses_slots_outside_the_cache_and_writes_no_other():
+    k = torch.ones(3, 2, 8)
+    k_cache, v_cache = torch.zeros(4, 4, 2, 8), torch.zeros(4, 4, 2, 8)
+    for bad in (16, -1):
+        with pytest.raises(IndexError, match=r"1 of 3 slots outside the cache's \[0, 16\)"):
+            cpu_paged.store_kv(k, k, k_cache, v_cache, torch.tensor([0, bad, 2]))
+    assert k_cache.view(16, 16).sum(1).tolist() == [16.0, 0, 16.0] + [0.0] * 13  # the good slots only
+    with pytest.raises((IndexError, RuntimeError)):  # another dtype: the reference, with its own error
+        cpu_paged.store_kv(k, k, k_cache, v_cache, torch.tensor([0, 99, 2], dtype=torch.int32))
+
+
 def test_kernel_refuses_what_it_cannot_read_safely():
     q, k_cache, v_cache, tables, lens = case([5, 8], 4, 4, 2, 8)
     with pytest.raises(ValueError, match="context lengths must be in"):

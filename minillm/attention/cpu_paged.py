@@ -13,7 +13,8 @@ It is built on first use with the machine's C compiler and cached (minillm/nativ
 ctypes and registered as the torch operator `minillm::paged_decode_attention_cpu`, so a compiled step
 (chapter 8) calls it as one opaque kernel; prefill runs only eagerly and is a plain function. Their
 OpenMP threads are torch's own (the same libgomp): `torch.set_num_threads` governs them. The K/V store
-stays the torch reference's.
+is a loop of row copies in C (two indexed writes through torch cost ~30 µs a layer, mostly dispatch);
+inside a compiled step it is the torch reference's, which Inductor fuses.
 
 `unavailable_reason()` says why the kernel cannot run here (no compiler, a build error); the engine
 then uses the torch reference and logs why.
@@ -28,7 +29,7 @@ from pathlib import Path
 import torch
 
 from minillm import native
-from minillm.attention.paged_ops import store_kv
+from minillm.attention import paged_ops
 
 __all__ = ["paged_decode_attention", "paged_prefill_attention", "store_kv", "unavailable_reason"]
 
@@ -42,9 +43,11 @@ def _library() -> ctypes.CDLL | str:
     if isinstance(library, str):
         return library
     decode, prefill = library.paged_decode_attention_f32, library.paged_prefill_attention_f32
-    decode.restype = prefill.restype = ctypes.c_int  # what they refused to read (a length or block id out of range)
-    decode.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 7 + [ctypes.c_float]
+    store = library.store_kv_f32
+    decode.restype = prefill.restype = store.restype = ctypes.c_int  # what they refused (out-of-range ids)
     pointer, long = ctypes.c_void_p, ctypes.c_long
+    decode.argtypes = [pointer, long] + [pointer] * 5 + [ctypes.c_int] * 7 + [ctypes.c_float]
+    store.argtypes = [pointer, long, pointer, long, pointer, ctypes.c_int, pointer, pointer, ctypes.c_int, long]
     prefill.argtypes = [pointer, long] + [pointer] * 7 + [long] + [ctypes.c_int] * 7 + [ctypes.c_float]
     return library
 
@@ -65,7 +68,8 @@ def _paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     library = _library()
     if isinstance(library, str):
         raise RuntimeError(f"the CPU paged-attention kernel is unavailable: {library}")
-    q = q.contiguous()
+    if q.stride(2) != 1 or q.stride(1) != q.shape[2]:  # a sequence's heads side by side; sequences any distance apart
+        q = q.contiguous()
     tables = block_tables.to(torch.int32).contiguous()
     lens = context_lens.to(torch.int32).contiguous()
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
@@ -74,7 +78,7 @@ def _paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     num_blocks, block_size, num_kv_heads, _ = k_cache.shape
     width = tables.shape[1]
     out = torch.empty_like(q)
-    refused = library.paged_decode_attention_f32(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+    refused = library.paged_decode_attention_f32(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
                                                  tables.data_ptr(), lens.data_ptr(), out.data_ptr(), num_seqs,
                                                  num_heads, num_kv_heads, head_dim, block_size, width, num_blocks,
                                                  scale)
@@ -87,6 +91,32 @@ def _paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
 @_paged_decode_attention.register_fake
 def _(q, k_cache, v_cache, block_tables, context_lens, scale):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """As `paged_ops.store_kv`: k, v (num_tokens, num_kv_heads, head_dim) into their slots (num_tokens,) int64."""
+    if torch.compiler.is_compiling():  # Inductor fuses the reference's writes
+        paged_ops.store_kv(k, v, k_cache, v_cache, slot_mapping)
+        return
+    library = _library()
+    if (isinstance(library, str) or not _float32_cpu(k, v, k_cache, v_cache) or slot_mapping.dtype is not torch.int64
+            or k.stride(2) != 1 or k.stride(1) != k.shape[2] or v.stride(2) != 1 or v.stride(1) != v.shape[2]
+            or not (k_cache.is_contiguous() and v_cache.is_contiguous()) or k.shape[1:] != k_cache.shape[2:]
+            or v.shape != k.shape or v_cache.shape != k_cache.shape or len(slot_mapping) != len(k)):
+        paged_ops.store_kv(k, v, k_cache, v_cache, slot_mapping)  # the reference (and its errors)
+        return
+    slots = slot_mapping.contiguous()
+    num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
+    refused = library.store_kv_f32(k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), slots.data_ptr(), len(slots),
+                                   k_cache.data_ptr(), v_cache.data_ptr(), num_kv_heads * head_dim,
+                                   num_blocks * block_size)
+    if refused:
+        raise IndexError(f"{refused} of {len(slots)} slots outside the cache's [0, {num_blocks * block_size})")
+
+
+def _float32_cpu(*tensors: torch.Tensor) -> bool:
+    return all(t.is_cpu and t.dtype is torch.float32 for t in tensors)
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

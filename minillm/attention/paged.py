@@ -129,11 +129,13 @@ class PagedBatch:
         groups = [decode]
         if cache.ops is paged_ops:  # the torch reference pads each call's rows to its longest context
             groups = [[decode[j] for j in group] for group in similar_lengths([starts[i] + 1 for i in decode])]
-        # per group of decode rows: (rows of q, (rows, width) block tables, context lengths)
-        self.decode_groups = [(torch.tensor([offsets[i] for i in group], dtype=torch.long, device=device),
-                               _padded_tables(block_tables, group, device),
+        # per group of decode rows: (rows of q — a slice where they are adjacent, (rows, width) block tables,
+        # context lengths)
+        self.decode_groups = [(_rows(group, offsets, device), _padded_tables(block_tables, group, device),
                                torch.tensor([starts[i] + 1 for i in group], dtype=torch.int32, device=device))
                               for group in groups if group]
+        self.all_decode = (len(decode) == len(query_lens) and len(self.decode_groups) == 1  # every row, in order
+                           and isinstance(self.decode_groups[0][0], slice))
         # prefill / extend rows: every sequence bringing several tokens, in one call per layer
         prefill = [i for i, n in enumerate(query_lens) if n > 1]
         self.prefill_tables = _padded_tables(block_tables, prefill, device)
@@ -146,6 +148,9 @@ class PagedBatch:
         """q: (num_tokens, heads, head_dim); k, v: (num_tokens, kv_heads, head_dim) -> like q."""
         ops, k_cache, v_cache = self.cache.ops, self.cache.k[layer], self.cache.v[layer]
         ops.store_kv(k, v, k_cache, v_cache, self.slot_mapping)
+        if self.all_decode:  # a pure decode step: the kernel's output is the layer's
+            _, tables, context_lens = self.decode_groups[0]
+            return ops.paged_decode_attention(q, k_cache, v_cache, tables, context_lens, scale)
         out = torch.empty_like(q)
         for rows, tables, context_lens in self.decode_groups:
             out[rows] = ops.paged_decode_attention(q[rows], k_cache, v_cache, tables, context_lens, scale)
@@ -153,6 +158,14 @@ class PagedBatch:
             ops.paged_prefill_attention(q, k_cache, v_cache, self.prefill_tables, self.prefill_rows, self.prefill_lens,
                                         self.prefill_starts, scale, out, self.max_prefill_len)
         return out
+
+
+def _rows(group: list[int], offsets: list[int], device) -> slice | torch.Tensor:
+    """Where a group's rows lie in q: a slice when they are adjacent (a view; no gather), else their indices."""
+    rows = [offsets[i] for i in group]
+    if rows == list(range(rows[0], rows[0] + len(rows))):
+        return slice(rows[0], rows[0] + len(rows))
+    return torch.tensor(rows, dtype=torch.long, device=device)
 
 
 def _padded_tables(block_tables: Sequence[Sequence[int]], rows: list[int], device) -> torch.Tensor:

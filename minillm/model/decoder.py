@@ -25,10 +25,18 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, config.mlp_bias)
 
-    def forward(self, x: torch.Tensor, rotation: Rotation, backend: AttentionBackend) -> torch.Tensor:
-        attended = self.self_attn(self.input_layernorm(x), rotation, backend)
-        h, x = self.post_attention_layernorm.add_and_norm(attended, x)  # x = x + attended; h = norm(x)
-        return x + self.mlp(h)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rotation: Rotation,
+                backend: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pre-norm block, residual = residual + attn(norm(.)), then + mlp(norm(.)), with each add done
+        by the norm after it: x is the last block's output not yet added (the embeddings, with residual
+        None, in the first layer). Returns (this block's MLP output, the residual stream before it)."""
+        if residual is None:
+            h, residual = self.input_layernorm(x), x
+        else:
+            h, residual = self.input_layernorm.add_and_norm(x, residual)  # residual += x; h = norm(residual)
+        attended = self.self_attn(h, rotation, backend)
+        h, residual = self.post_attention_layernorm.add_and_norm(attended, residual)
+        return self.mlp(h), residual
 
 
 class CausalLM(nn.Module):
@@ -58,9 +66,12 @@ class CausalLM(nn.Module):
         """input_ids, positions: (num_tokens,) -> hidden states (num_tokens, hidden)."""
         x = self.embed_tokens(input_ids)
         rotation = self.rope.at(positions, x.dtype)  # the same for every layer
+        residual = None
         for layer in self.layers:
-            x = layer(x, rotation, backend)
-        return self.norm(x)
+            x, residual = layer(x, residual, rotation, backend)
+        if residual is None:  # no layers
+            return self.norm(x)
+        return self.norm.add_and_norm(x, residual)[0]  # the last block's add, then the final norm
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(n, hidden) -> (n, vocab) float32 logits; call it only on the rows that need them."""

@@ -49,10 +49,12 @@ def unavailable_reason() -> str | None:
 
 
 def usable(*tensors: torch.Tensor) -> bool:
-    """Whether the fused kernels may run on these tensors (else: the torch code)."""
-    return (all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
-            and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
-            and not torch.compiler.is_compiling() and not isinstance(_library(), str))
+    """Whether the fused kernels may run on these tensors (else: the torch code). Called a few times per
+    layer, so written for speed (is_cpu, `is` on dtypes: ~0.5 µs, where .device.type costs ~0.3 µs a tensor)."""
+    for t in tensors:
+        if not t.is_cpu or t.dtype is not torch.float32 or (t.requires_grad and torch.is_grad_enabled()):
+            return False
+    return not torch.compiler.is_compiling() and not isinstance(_library(), str)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,

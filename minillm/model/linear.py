@@ -45,7 +45,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, own
 
 
 def _packable(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    return (_ONEDNN and x.device.type == "cpu" and weight.device.type == "cpu" and x.dtype == weight.dtype
+    return (_ONEDNN and x.is_cpu and weight.is_cpu and x.dtype is weight.dtype
             and weight.dtype in _DTYPES and x.shape[-1] == weight.shape[1] and x.numel() > 0
             and not (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad
                                                    or (bias is not None and bias.requires_grad)))

@@ -20,6 +20,8 @@
  *
  * ------------------------------------------------------------------------------------------------
  * Decode:  q, out: (num_seqs, num_heads, head_dim)     context_lens: (num_seqs,) int32, each >= 1
+ *          (a sequence's heads contiguous in q, sequences q_stride floats apart: q may be a view of
+ *          the fused qkv rows; out is contiguous)
  *
  * Tasks are (sequence, a run of KV heads), spread over torch's OpenMP threads. Decode attention
  * reads every cached byte once and does little with it, so the memory is what it waits for. Three
@@ -122,7 +124,7 @@ attend(const float *q, const float *k_cache, const float *v_cache, const int *ta
         continue;                                                                                       \
     }
 
-int paged_decode_attention_f32(const float *q, const float *k_cache, const float *v_cache,
+int paged_decode_attention_f32(const float *q, long q_stride, const float *k_cache, const float *v_cache,
                                const int *block_tables, const int *context_lens, float *out,
                                int num_seqs, int num_heads, int num_kv_heads, int head_dim,
                                int block_size, int width, int num_blocks, float scale)
@@ -147,12 +149,34 @@ int paged_decode_attention_f32(const float *q, const float *k_cache, const float
             refused += kv == 0; /* one count per row */
             continue;
         }
-        const float *qs = q + ((long)s * num_heads + kv * group) * head_dim;
+        const float *qs = q + s * q_stride + (long)kv * group * head_dim;
         float *os = out + ((long)s * num_heads + kv * group) * head_dim;
         SPECIALISED(64, 1) SPECIALISED(64, 2) SPECIALISED(64, 4) SPECIALISED(64, 8)
         SPECIALISED(128, 1) SPECIALISED(128, 2)
         attend(qs, k_cache, v_cache, table, len, os, scale, head_dim, block_size, task_kv * group, group, kv,
                num_kv_heads);
+    }
+    return refused;
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * The store: each new token's K and V rows (num_kv_heads x head_dim floats, contiguous; tokens
+ * k_stride / v_stride floats apart, so they may be views of the fused qkv rows) copied into its slot,
+ * slot = block * block_size + offset. A slot outside [0, num_slots) is not written, and counted.
+ * ------------------------------------------------------------------------------------------------ */
+
+int store_kv_f32(const float *k, long k_stride, const float *v, long v_stride, const long *slot_mapping,
+                 int num_tokens, float *k_cache, float *v_cache, int row, long num_slots)
+{
+    int refused = 0;
+    for (int t = 0; t < num_tokens; t++) {
+        const long slot = slot_mapping[t];
+        if (slot < 0 || slot >= num_slots) {
+            refused++;
+            continue;
+        }
+        memcpy(k_cache + slot * row, k + t * k_stride, row * sizeof(float));
+        memcpy(v_cache + slot * row, v + t * v_stride, row * sizeof(float));
     }
     return refused;
 }
