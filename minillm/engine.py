@@ -42,7 +42,7 @@ from minillm.graphs import batch_size_buckets
 from minillm.graphs.recorded_decode import RecordedDecode
 from minillm.kv.block_pool import BlockPool
 from minillm.logprobs import TokenLogprob
-from minillm.memory import available_bytes, format_bytes
+from minillm.memory import available_bytes, format_bytes, keep_freed_memory
 from minillm.metrics import RequestMetrics
 from minillm.model.decoder import CausalLM
 from minillm.model.loader import load, load_model
@@ -133,6 +133,8 @@ class LLMEngine:
             raise ValueError(f"max_model_len must be at most the model's context ({context}), "
                              f"got {config.max_model_len}")
         self.max_model_len = config.max_model_len or context
+        if model.device.type == "cpu":  # each step's activations reused, not faulted in again (memory.py)
+            keep_freed_memory()
         self.proposer = self._make_proposer()  # first: a draft's weights and cache come out of the KV budget
         self.cache, self.pool = self._make_kv_cache()
         scheduler_cls = StaticScheduler if config.batching == "static" else ContinuousScheduler
