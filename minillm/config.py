@@ -15,8 +15,8 @@ BATCHING = ("static", "continuous")
 KV_LAYOUTS = ("contiguous", "paged")
 INTEGER_RANGES = {"max_num_seqs": (1, 4096), "max_model_len": (2, None), "max_tokens_per_step": (1, None),
                   "max_tokens_per_prefill_chunk": (1, None), "block_size": (1, 1024), "kv_cache_bytes": (1, None),
-                  "trace_max_steps": (1, None)}
-OPTIONAL = {"max_model_len", "kv_cache_bytes", "trace_max_steps"}  # None is allowed
+                  "trace_max_steps": (1, None), "trace_max_bytes": (1, None)}
+OPTIONAL = {"max_model_len", "kv_cache_bytes", "trace_max_steps", "trace_max_bytes"}  # None is allowed
 
 
 SPECULATIVE_METHODS = ("draft", "ngram")
@@ -83,6 +83,7 @@ class EngineConfig:
     device: str | None = None  # None: cuda when available, else cpu
     dtype: str | None = None  # None: float32 on cpu, the checkpoint's dtype on cuda
     trace_max_steps: int | None = 10_000  # the trace keeps this many recent steps (None: all of them)
+    trace_max_bytes: int | None = 64 << 20  # ...and no more than about this much memory (None: no bound)
     prefix_cache: bool = False  # reuse cached full KV blocks of earlier requests (chapter 5; paged only)
     speculative: SpeculativeConfig | None = None  # draft tokens and verify them in one pass (chapter 7)
     compile: bool = False  # decode steps through torch.compile, one compiled step per batch bucket (chapter 8)

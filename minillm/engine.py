@@ -146,7 +146,8 @@ class LLMEngine:
         self.num_preemptions = 0  # since the engine started (the trace keeps only recent steps)
         self.requests: dict[str, Request] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
-        self.trace = Trace(config.max_num_seqs, max_model_len=self.max_model_len, max_steps=config.trace_max_steps)
+        self.trace = Trace(config.max_num_seqs, max_model_len=self.max_model_len, max_steps=config.trace_max_steps,
+                           max_bytes=config.trace_max_bytes)
         if self.pool is not None:  # the fragmentation visualizer replays block tables
             self.trace.block_size, self.trace.num_blocks = self.pool.block_size, self.pool.num_blocks
         self._ids = itertools.count()

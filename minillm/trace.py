@@ -59,8 +59,9 @@ class StepRecord:
 @dataclass
 class Trace:
     """The engine's recent steps, oldest first. A long-lived engine (a server) would otherwise grow
-    its trace forever, so only the newest `max_steps` records are kept (None keeps every step);
-    `num_dropped` counts the older ones let go, and `StepRecord.step` keeps counting from the start."""
+    its trace forever, so only the newest `max_steps` records are kept, and no more of them than fit in
+    about `max_bytes` (`approx_bytes`: 64 requests with 2k-token block tables take ~70 KB a step); None
+    lifts a bound. `num_dropped` counts the older ones let go, and `StepRecord.step` keeps counting."""
 
     num_slots: int
     steps: list[StepRecord] = field(default_factory=list)
@@ -69,17 +70,32 @@ class Trace:
     num_blocks: int | None = None  # paged cache only
     max_steps: int | None = None
     num_dropped: int = 0
+    max_bytes: int | None = None
+    num_bytes: int = field(default=0, init=False)  # approx_bytes of the kept steps
+    _sizes: list[int] = field(default_factory=list, init=False, repr=False)  # each kept step's, in order
 
     @property
     def next_step(self) -> int:
         """The number the next recorded step gets."""
         return self.num_dropped + len(self.steps)
 
+    def __post_init__(self) -> None:
+        self._sizes = [approx_bytes(s) for s in self.steps]
+        self.num_bytes = sum(self._sizes)
+
     def record(self, step: StepRecord) -> None:
         self.steps.append(step)
-        excess = len(self.steps) - self.max_steps if self.max_steps is not None else 0
+        self._sizes.append(approx_bytes(step))
+        self.num_bytes += self._sizes[-1]
+        excess = max(0, len(self.steps) - self.max_steps) if self.max_steps is not None else 0
+        if self.max_bytes is not None:  # the oldest go until the rest fit (the newest step always stays)
+            over = self.num_bytes - sum(self._sizes[:excess]) - self.max_bytes
+            while over > 0 and excess < len(self.steps) - 1:
+                over -= self._sizes[excess]
+                excess += 1
         if excess > 0:
-            del self.steps[:excess]
+            self.num_bytes -= sum(self._sizes[:excess])
+            del self.steps[:excess], self._sizes[:excess]
             self.num_dropped += excess
 
     @property
@@ -92,7 +108,7 @@ class Trace:
     def to_dict(self) -> dict:
         return {"num_slots": self.num_slots, "steps": [asdict(s) for s in self.steps],
                 "max_model_len": self.max_model_len, "block_size": self.block_size, "num_blocks": self.num_blocks,
-                "max_steps": self.max_steps, "num_dropped": self.num_dropped}
+                "max_steps": self.max_steps, "num_dropped": self.num_dropped, "max_bytes": self.max_bytes}
 
     @classmethod
     def from_dict(cls, data: dict) -> Trace:
@@ -106,4 +122,14 @@ class Trace:
                             {k: (tuple(v[0]), tuple(v[1])) for k, v in s.get("speculation", {}).items()})
                  for s in data["steps"]]
         return cls(data["num_slots"], steps, data.get("max_model_len"), data.get("block_size"), data.get("num_blocks"),
-                   data.get("max_steps"), data.get("num_dropped", 0))
+                   data.get("max_steps"), data.get("num_dropped", 0), data.get("max_bytes"))
+
+
+def approx_bytes(step: StepRecord) -> int:
+    """Roughly what a record holds in memory: ~8 bytes per id in its tuples (a pointer; small ints are
+    shared) and ~150 per entry of its slots, dicts and id lists (the entry, its string, its object)."""
+    ids = (sum(len(table) for table in step.blocks.values()) + sum(len(e) for e in step.kv_events)
+           + sum(len(g) + len(k) for g, k in step.speculation.values()))
+    entries = (len(step.slots) + len(step.kv_tokens) + len(step.blocks) + len(step.cache_hits) + len(step.admitted)
+               + len(step.finished) + len(step.preempted) + len(step.speculation) + len(step.kv_events))
+    return 300 + 8 * ids + 150 * entries

@@ -426,6 +426,23 @@ def test_the_trace_keeps_a_window_of_recent_steps(model):
     assert len(tiny_engine(model, "continuous").trace.steps) == 0 and EngineConfig().trace_max_steps == 10_000
 
 
+def test_the_trace_keeps_no_more_steps_than_fit_its_bytes(model):
+    from minillm.trace import approx_bytes
+
+    engine = tiny_engine(model, "paged", trace_max_bytes=4000)
+    serve(engine)
+    trace = engine.trace
+    assert trace.num_dropped > 0 and 1 <= len(trace.steps) < 4000 // 300
+    assert trace.num_bytes == sum(approx_bytes(s) for s in trace.steps) <= 4000
+    assert [s.step for s in trace.steps] == list(range(trace.num_dropped, trace.num_dropped + len(trace.steps)))
+    assert Trace.from_dict(trace.to_dict()) == trace
+    tiny = tiny_engine(model, "paged", trace_max_bytes=1)  # a step bigger than the bound: the newest stays
+    serve(tiny)
+    assert len(tiny.trace.steps) == 1 and EngineConfig().trace_max_bytes == 64 << 20
+    with pytest.raises(ValueError, match="trace_max_bytes"):
+        EngineConfig(trace_max_bytes=0)
+
+
 # ----------------------------------------------------------------------------- threads
 def test_two_threads_share_one_llm(model):
     llm = tiny_llm(model, "paged")
