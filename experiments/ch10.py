@@ -44,7 +44,7 @@ from minillm.loadgen import prompts_from_text
 from minillm.sampling import SamplingParams
 from minillm.server.responses import chunk
 from minillm.timeline import FRONT_END_KINDS, Recording, Timeline
-from minillm.timing import PairedRatio, Trials, interleaved, torch_threads
+from minillm.timing import CpuWatch, PairedRatio, Trials, interleaved, torch_threads
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -86,36 +86,58 @@ def engine_config(slots: int) -> EngineConfig:
 
 
 async def record(mode: str, num_requests: int = 16, max_tokens: int = 32, slots: int = 16,
-                 llm: AsyncLLM | None = None) -> Recording:
+                 llm: AsyncLLM | None = None, threads: int | None = None) -> Recording:
     """One recorded run (`mode`: "thread" or "process"), after one unrecorded warm-up run of the same requests.
-    Pass `llm` to reuse one made with a timeline (`make_llm`); else one is made and closed here."""
+    Pass `llm` to reuse one made with a timeline (`make_llm`); else one is made (its torch computing with
+    `threads`, default: as many as torch has) and closed here. The machine's CPU use is watched meanwhile:
+    `info["busy"]` says what other programs did, when they kept cores the run needed."""
     own = llm is None
-    llm = llm if llm is not None else make_llm(mode, slots)
+    threads = threads or torch.get_num_threads()
+    llm = llm if llm is not None else make_llm(mode, slots, threads)
+    core = [llm.core_pid] if getattr(llm, "core_pid", None) else []  # the core process's CPU is the run's own
     try:
         prompts, params = workload(num_requests, max_tokens)
-        await _serve(llm, prompts, params, None)  # warm-up: the first steps of a fresh engine are slower
-        llm.timeline.drain()
-        start = time.perf_counter()
-        tokens = await _serve(llm, prompts, params, llm.timeline)
-        end = time.perf_counter()
+        with torch_threads(threads):
+            await _serve(llm, prompts, params, None)  # warm-up: the first steps of a fresh engine are slower
+            llm.timeline.drain()
+            with CpuWatch(core) as watch:
+                start = time.perf_counter()
+                tokens = await _serve(llm, prompts, params, llm.timeline)
+                end = time.perf_counter()
         await asyncio.sleep(0.05)  # the core's last spans arrive with its last step
         spans = llm.timeline.drain()
     finally:
         if own and mode == "process":
             llm.close()
     steps = sum(1 for s in spans if s.kind == "schedule" and start <= s.start < end)  # one per engine step
+    use = watch.use
+    busy = {"busy": use.describe()} if use is not None and use.busy else {}
     return Recording.of(MODES[mode], spans, start, end, tokens, mode=mode, requests=num_requests,
-                        max_tokens=max_tokens, slots=slots, steps=steps, torch_threads=torch.get_num_threads(),
-                        machine=f"{platform.machine()}, {psutil.cpu_count()} cores")
+                        max_tokens=max_tokens, slots=slots, steps=steps, torch_threads=threads,
+                        machine=f"{platform.machine()}, {psutil.cpu_count()} cores", **busy)
 
 
-def make_llm(mode: str, slots: int = 16) -> AsyncLLM:
+async def record_both(num_requests: int = 16, max_tokens: int = 32, slots: int = 16) -> list[Recording]:
+    """Both runs recorded live, before (thread) and after (process). On a machine already busy, torch
+    computes with as many threads as the other programs left cores free (a thread waiting for a busy
+    core stalls every operator of the others), and a line says so before anything runs."""
+    with CpuWatch() as glance:
+        time.sleep(0.25)
+    threads = torch.get_num_threads()
+    if glance.use is not None and glance.use.busy:
+        threads = min(threads, glance.use.free_cores)
+        print(f"⚠ Before recording: {glance.use.describe()}. Both runs will be disturbed, the timeline will show "
+              f"it as longer pieces, and torch computes with {threads} thread{'s' * (threads != 1)}.", flush=True)
+    return [await record(mode, num_requests, max_tokens, slots, threads=threads) for mode in ("thread", "process")]
+
+
+def make_llm(mode: str, slots: int = 16, threads: int | None = None) -> AsyncLLM:
     if mode == "thread":
         return AsyncLLM(config=engine_config(slots), timeline=Timeline("server"))
     if mode == "process":
         from minillm.engine_core import ProcessAsyncLLM
 
-        return ProcessAsyncLLM(config=engine_config(slots), timeline=Timeline("front end"))
+        return ProcessAsyncLLM(config=engine_config(slots), threads=threads, timeline=Timeline("front end"))
     raise ValueError(f"mode must be one of {sorted(MODES)}, got {mode!r}")
 
 
@@ -142,7 +164,9 @@ def compare_rows(recordings: Sequence[Recording]) -> list[list[str]]:
 
 
 def compare_words(before: Recording, after: Recording) -> str:
-    """What the two recordings show, in words computed from them, whichever way they came out."""
+    """What the two recordings show, in words computed from them, whichever way they came out — and no
+    verdict when other programs were busy during either run."""
+    busy = [f"{r.info['mode']} run: {r.info['busy']}" for r in (before, after) if r.info.get("busy")]
     speed = before.wall_ms / after.wall_ms
     stretch = after.busy_ms(["forward"]) / before.busy_ms(["forward"])
     front = max(after.busy_ms(FRONT_END_KINDS), 1e-9)
@@ -161,7 +185,11 @@ def compare_words(before: Recording, after: Recording) -> str:
     else:
         words.append(f"The forward passes took {stretch:.2f}x their time in the first run.")
     send = after.busy_ms(["send"]) / max(after.info.get("steps", 1), 1)
-    if speed > 1.03:
+    if busy:
+        words.insert(0, f"⚠ Other programs were busy while this recorded ({'; '.join(busy)}): the times below "
+                        "are theirs as much as the engine's, and say nothing about the split.")
+        words.append("Rerun the recording on a quiet machine before reading a verdict into it.")
+    elif speed > 1.03:
         words.append(f"Here the split paid: the front end's work left the core's path, at a cost of {send:.2f} ms per "
                      "step for sending.")
     else:
@@ -272,7 +300,7 @@ def describe_gil(trials: Trials, batch: int, switch_s: float | None = None) -> F
             f"process {process.rounds()}. ")
     holds = thread.value > 1.2 and thread.value > 1.1 * process.value
     if holds:
-        free = " (one was free)" if trials.cpu.cores > 1 else ""
+        free = " (one was free)" if trials.cpu.cores > 1 and not trials.cpu.busy else ""
         text += (f"The thread costs the step {thread.value:.1f}x: it needs no core of the step's{free}, only the "
                  f"interpreter. The step's extra {(step_s['beside a busy thread'] - step_s['alone']) * 1e3:.0f} ms are "
                  f"about {waits:,.0f} waits of one switch interval ({switch_s * 1e3:g} ms) each: the step waits for "

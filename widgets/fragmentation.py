@@ -232,6 +232,6 @@ class FragmentationVisualizer(Animation):
         self.frame_steps = [busy[i] for i in frame_steps(len(busy), max_frames)]
         pages = [render_frame({p: f[s] for p, f in self.frames.items()}, probe) for s in self.frame_steps]
         peak = max(range(len(self.frame_steps)), key=lambda i: self.frames["paged"][self.frame_steps[i]].live)
-        last = len(trace.steps) - 1  # step numbers start at 0, as in the trace
+        last = busy[-1]  # the last step holding KV: the frames stop there (step numbers start at 0, as in the trace)
         super().__init__([pages], [f"step {s} / {last}" for s in self.frame_steps], still=peak,
                          interval_ms=interval_ms)

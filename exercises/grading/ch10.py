@@ -136,7 +136,24 @@ def run_request(impl: Callable, stop: Sequence[str], steps: Sequence[tuple[Seque
         if i >= show_from:
             given += f", process({_tokens(ids)}, {finish!r})"
         got = call(given, _show(want), impl_object.process, list(ids), finish)
-        expect(_same(got, want), given, f"{_show(want)} (this case: {why})", _show(got))
+        expect(_same(got, want), given, f"{_show(want)} (this call: {_rule(reference, want)}; the case: {why})",
+               _show(got))
+
+
+def _rule(reference: Reference, want: tuple) -> str:
+    """The rule that decides this call's answer, in words, from the reference's state after it."""
+    delta, finish, _ = want
+    if finish == "stop" and delta is not None and reference.released == len(reference.text) and want[2] is not None:
+        return "a stop string appeared: the text up to it goes out, the core is told to stop"
+    if finish is not None:
+        return "the request has ended: whatever was held back goes out now" if delta else "the request has ended"
+    held = reference.text[reference.released :]
+    if held:
+        return (f"{held!r} is held back — the longest end of the text that could still begin one of "
+                f"{reference.stop!r} — and no more")
+    if reference.pending:
+        return "a character is not complete yet: its first bytes wait for the rest"
+    return "no stop string begins with any end of the text: everything goes out"
 
 
 def pieces(*texts: str) -> list[list[int]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from exercises.grading import run
 from exercises.grading.ch10 import CountingDecode, Reference, decode, encode
-from tests.exercises.wrong_answers import DecodesTheWholeOutputEveryStep, ReleasesHalfCharacters
+from tests.exercises.wrong_answers import DecodesTheWholeOutputEveryStep, HoldsBackAFixedLength, ReleasesHalfCharacters
 
 
 def _failed(name, impl) -> list[str]:
@@ -23,6 +23,15 @@ def test_a_half_character_is_reported_with_the_calls_that_led_to_it():
     first = failures[0]
     assert "released only once the character is complete" in first and "process([195] = b'\\xc3', None)" in first
     assert "expected ('', None, None)" in first and "got ('\ufffd', None, None)" in first
+
+
+def test_a_fixed_hold_back_is_reported_as_a_hold_back_at_the_call_it_breaks():
+    # a learner's walk found this answer's first FAIL, under the stop-string rule, pointing at stop detection
+    failures = _failed("ch10.output_processor", HoldsBackAFixedLength)
+    assert failures, "a fixed hold-back passed"
+    first = failures[0]
+    assert ("no stop string begins with any end of the text: everything goes out" in first
+            or "is held back — the longest end of the text that could still begin one of" in first), first
 
 
 def test_the_graders_tokenizer_cuts_characters_and_counts_what_it_decodes():

@@ -46,6 +46,9 @@ def test_the_gil_words_follow_each_outcome():
     assert "costs little (1.02x)" in shared.text and "about 4 waits of one switch interval" in shared.text
     crowded = ch10.describe_gil(_trials([0.010] * 2, [0.030] * 2, [0.020] * 2), 16)
     assert crowded.holds and "costs 2.00x" in crowded.text
+    busy = ch10.describe_gil(_trials([0.010, 0.011], [0.030, 0.034], [0.0105, 0.011], busy=True), 16)
+    assert busy.holds and "(one was free)" not in busy.text and "needs no core of the step's, only" in busy.text
+    assert "(one was free)" in shared.text
     unclear = ch10.describe_gil(_trials([0.010] * 2, [0.011] * 2, [0.011] * 2, busy=True), 16)
     assert not unclear.holds and "cannot show" in unclear.text and "kept 2.0 of this machine's 2 cores" in \
         unclear.warning
@@ -129,3 +132,8 @@ def test_the_timeline_words_follow_each_outcome():
     assert "1.12x as long in all" in words and "no faster" in words
     rows = ch10.compare_rows([before, turns])
     assert rows[1][:3] == ["after", "21 ms", "762"] and rows[1][-2:] == ["33%", "2.0 ms"]
+    hidden.info |= {"mode": "process", "busy": "other programs kept 2.0 of this machine's 2 cores busy"}
+    words = ch10.compare_words(before, hidden)  # a learner's busy laptop: the times, and no verdict
+    assert words.startswith("⚠ Other programs were busy while this recorded (process run: other programs kept 2.0")
+    assert "1.25x as fast" in words and "Here the split paid" not in words and "no faster" not in words
+    assert "Rerun the recording on a quiet machine" in words
