@@ -52,17 +52,19 @@ QUESTIONS = [
                       "all need the interpreter.",
                       "Sharing memory saves nothing per step; the process split shares nothing but small messages, "
                       "and the weights live in the core alone.", None)),
-    Question("This course's machine is a 2-core CPU, and the model's forward pass keeps both cores busy. What does "
+    Question("This course's machine is a 2-core CPU, and the model's forward pass keeps both cores busy. What can "
              "moving the front end into a process of its own buy there?",
-             ("Little: the front end's work still needs a core, and both cores are computing the forward",
+             ("Only what sharing one process cost: the step's waits for the interpreter and the two sides' threads "
+              "contending; the front end's work itself still takes time on the cores the forward computes on",
               "Twice the throughput, since two processes can use both cores where one process used only one",
               "A faster forward pass, since the core process no longer holds a tokenizer or the HTTP server"),
              0, "Overlap needs a free resource. With a GPU, the host launches the forward and is idle until the "
                 "tokens come back: the front end, the scheduling of the next step, and the sampler's host work "
-                "can all hide there. On a CPU that computes the forward itself, the split mostly moves work from "
-                "one core to another that was busy too.",
+                "can all hide there. On a CPU that computes the forward itself there is no idle core to hide the "
+                "front end's work on; what the split removes is the cost of sharing one process, which the saved "
+                "benchmark measures on this machine.",
              why_not=(None, "The forward already used both cores; a second process adds work to them, not cores.",
-                      "The forward is the same computation in either process.")),
+                      "The forward is the same computation in either process; only what waits around it changes.")),
     Question("SGLang's overlap scheduler builds step N+1 on the CPU while the GPU still computes step N. What must "
              "it do that a plain loop (schedule, run, wait for the tokens, repeat) does not?",
              ("Run two copies of the model, one for each step in flight, so the two steps never wait for each other",
