@@ -43,7 +43,8 @@ def accept_sampled(drafted: Sequence[int], target_probs: torch.Tensor, draft_pro
     target_probs: (k + 1, vocab), the target's distributions (temperature, top-k and top-p already
     applied); draft_probs: (k, vocab), the proposer's distributions the drafted tokens were drawn
     from, or None for a proposer that guesses deterministically (one-hot q). Draws use `generator`
-    (seeded runs are reproducible): one uniform per drafted token examined, one draw at the end.
+    (seeded runs are reproducible): k uniforms at once (one per guess, judged together: one host sync
+    per request instead of three per guess), then one draw.
     """
     k = len(drafted)
     if target_probs.dim() != 2 or target_probs.shape[0] != k + 1:
@@ -51,19 +52,22 @@ def accept_sampled(drafted: Sequence[int], target_probs: torch.Tensor, draft_pro
     if draft_probs is not None and draft_probs.shape != (k, target_probs.shape[1]):
         raise ValueError(f"draft_probs must be ({k}, {target_probs.shape[1]}), got {tuple(draft_probs.shape)}")
     p = target_probs.float()
-    kept: list[int] = []
-    for i, guess in enumerate(drafted):
-        q_guess = 1.0 if draft_probs is None else float(draft_probs[i, guess])
-        p_guess = float(p[i, guess])
-        u = float(torch.rand((), generator=generator, device=p.device))
-        if q_guess > 0 and u < min(1.0, p_guess / q_guess):
-            kept.append(int(guess))
-            continue
-        q = torch.zeros_like(p[i]) if draft_probs is None else draft_probs[i].float()
-        if draft_probs is None:
-            q[guess] = 1.0
-        residual = (p[i] - q).clamp(min=0)
-        if float(residual.sum()) <= 0:  # p == q: rejection cannot happen in exact arithmetic; p is the answer
-            residual = p[i]
-        return kept + [int(torch.multinomial(residual / residual.sum(), 1, generator=generator))]
-    return kept + [int(torch.multinomial(p[k], 1, generator=generator))]
+    if k:  # every guess judged at once: (k,) probabilities, (k,) uniforms, one look from the host
+        rows, guesses = torch.arange(k, device=p.device), torch.tensor(list(drafted), device=p.device)
+        p_guess = p[rows, guesses]
+        q_guess = torch.ones_like(p_guess) if draft_probs is None else draft_probs[rows, guesses].float()
+        u = torch.rand(k, generator=generator, device=p.device)
+        accepted = (q_guess > 0) & (u < (p_guess / q_guess).clamp(max=1.0))  # q = 0: never drafted, never kept
+        n = int(accepted.int().cumprod(0).sum())  # the guesses kept: those before the first rejection
+    else:
+        n = 0
+    kept = [int(t) for t in drafted[:n]]
+    if n == k:  # all kept: the bonus token, from the target's last distribution
+        return kept + [int(torch.multinomial(p[k], 1, generator=generator))]
+    q = torch.zeros_like(p[n]) if draft_probs is None else draft_probs[n].float()
+    if draft_probs is None:
+        q[drafted[n]] = 1.0
+    residual = (p[n] - q).clamp(min=0)
+    if float(residual.sum()) <= 0:  # p == q: rejection cannot happen in exact arithmetic; p is the answer
+        residual = p[n]
+    return kept + [int(torch.multinomial(residual / residual.sum(), 1, generator=generator))]
