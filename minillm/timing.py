@@ -118,12 +118,14 @@ def _busy_seconds() -> float:
 @dataclass(frozen=True)
 class PairedRatio:
     """num / den within each round, and their median: `value`. `what` names the metric (in the
-    guard's words: "output throughput, heavy / light, went both ways")."""
+    guard's words: "output throughput, heavy / light, went both ways"). `around`: the value the claim
+    turns on (1: which is faster), that every round must fall on the same side of."""
 
     num: str
     den: str
     per_round: tuple[float, ...]
     what: str | None = None
+    around: float = 1.0
 
     @property
     def value(self) -> float:
@@ -131,8 +133,8 @@ class PairedRatio:
 
     @property
     def agrees(self) -> bool:
-        """Every round says the same: all above 1, or all below (a tie counts with either side)."""
-        return all(r >= 1 for r in self.per_round) or all(r <= 1 for r in self.per_round)
+        """Every round says the same: all above `around`, or all below (a tie counts with either side)."""
+        return all(r >= self.around for r in self.per_round) or all(r <= self.around for r in self.per_round)
 
     def __format__(self, spec: str) -> str:
         return format(self.value, spec or ".2f")
@@ -172,12 +174,14 @@ class Trials(Generic[T]):
     def median(self, name: str, metric: Metric | None = None) -> float:
         return statistics.median(self.values(name, metric))
 
-    def ratio(self, num: str, den: str, metric: Metric | None = None, *, what: str | None = None) -> PairedRatio:
-        """metric(num) / metric(den), round by round; the warning then checks that the rounds agree.
+    def ratio(self, num: str, den: str, metric: Metric | None = None, *, what: str | None = None,
+              around: float = 1.0) -> PairedRatio:
+        """metric(num) / metric(den), round by round; the warning then checks that the rounds agree
+        (all on one side of `around`: 1 asks which is faster; a claim like "under half" passes 0.5).
         A round whose `den` is 0 gives inf (or nan, when `num` is 0 too): it agrees with nothing."""
         per_round = tuple(a / b if b else (math.inf if a else math.nan)
                           for a, b in zip(self.values(num, metric), self.values(den, metric)))
-        ratio = PairedRatio(num, den, per_round, what)
+        ratio = PairedRatio(num, den, per_round, what, around)
         self.checked.append(ratio)
         return ratio
 
@@ -198,7 +202,8 @@ class Trials(Generic[T]):
             if not r.agrees:
                 shown = ", ".join(f"{x:.2f}" for x in r.per_round)
                 named = f"{r.what}, {r.num} / {r.den}," if r.what else f"{r.num} / {r.den}"
-                found.append(f"{named} went both ways over the rounds ({shown})")
+                side = "" if r.around == 1 else f" of {r.around:g}"
+                found.append(f"{named} went both ways{side} over the rounds ({shown})")
         if metric is not None:
             for name in self.results:
                 if self.spread(name, metric) > MAX_SPREAD:

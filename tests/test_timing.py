@@ -67,6 +67,15 @@ def test_paired_ratio_ties_agree_with_either_side():
     assert not PairedRatio("a", "b", (0.9, 1.2)).agrees
 
 
+def test_a_ratio_is_judged_on_the_side_of_what_its_claim_turns_on():
+    # chapter 7: a pass over 5 tokens costs about one pass (rounds 0.98, 1.05): "under 2.5" holds every round
+    assert PairedRatio("5", "1", (0.98, 1.05), around=2.5).agrees and not PairedRatio("5", "1", (0.98, 1.05)).agrees
+    assert not PairedRatio("5", "1", (2.4, 2.6), around=2.5).agrees
+    trials = Trials({"A": [1.0, 2.6], "B": [1.0, 1.0]}, CpuUse(1.0, 1.0, 0.0, 2, 2))
+    trials.ratio("A", "B", what="a pass", around=2.5)
+    assert trials.problems() == ["a pass, A / B, went both ways of 2.5 over the rounds (1.00, 2.60)"]
+
+
 def _matmuls() -> float:
     x = torch.randn(256, 256)
     for _ in range(300):
