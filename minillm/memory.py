@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import sys
 
@@ -58,14 +59,16 @@ def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype, device: torc
     start, end = tensor.data_ptr(), tensor.data_ptr() + tensor.numel() * tensor.element_size()
     first, last = -(-start // HUGE_PAGE) * HUGE_PAGE, end // HUGE_PAGE * HUGE_PAGE  # the whole huge pages inside
     if last > first:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        libc.madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), _MADV_HUGEPAGE)  # advice: may be refused
+        _libc().madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), _MADV_HUGEPAGE)  # advice: may be refused
     return tensor.zero_()  # the first touch: pages are faulted in now, huge where granted
 
 
-_kept: bool | None = None
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
 
+@functools.cache
 def keep_freed_memory(most: int = KEEP_FREED_BYTES) -> bool:
     """Ask glibc's malloc to keep freed blocks of up to `most` bytes for reuse; True where it agreed.
 
@@ -73,16 +76,14 @@ def keep_freed_memory(most: int = KEEP_FREED_BYTES) -> bool:
     to the system on free, and returns free memory at the top of its heap too. A CPU forward pass
     allocates and frees the same activations every step, so every step faulted their pages in again:
     ~170,000 page faults in 6 s of the offline benchmark, 8-14% of its time. Raising both thresholds
-    keeps that memory mapped (what vLLM's CPU backend gets by preloading tcmalloc). The cost: up to
-    `most` freed bytes stay with the process. Process-wide and idempotent; elsewhere than glibc, False.
+    keeps that memory mapped (vLLM's CPU guide recommends preloading tcmalloc, which keeps it too). The
+    cost: up to `most` freed bytes stay with the process. Process-wide, asked once; elsewhere than glibc,
+    False.
     """
-    global _kept
-    if _kept is None:
-        _kept = False
-        if sys.platform.startswith("linux"):
-            try:
-                libc = ctypes.CDLL(ctypes.util.find_library("c"))
-                _kept = bool(libc.mallopt(_M_MMAP_THRESHOLD, most)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, most))
-            except (OSError, AttributeError):  # no libc to load, or one without mallopt (musl has a stub)
-                _kept = False
-    return _kept
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = _libc()
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, most)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, most))
+    except (OSError, AttributeError):  # no libc to load, or one without mallopt (musl has a stub)
+        return False

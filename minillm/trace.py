@@ -87,16 +87,15 @@ class Trace:
         self.steps.append(step)
         self._sizes.append(approx_bytes(step))
         self.num_bytes += self._sizes[-1]
-        excess = max(0, len(self.steps) - self.max_steps) if self.max_steps is not None else 0
-        if self.max_bytes is not None:  # the oldest go until the rest fit (the newest step always stays)
-            over = self.num_bytes - sum(self._sizes[:excess]) - self.max_bytes
-            while over > 0 and excess < len(self.steps) - 1:
-                over -= self._sizes[excess]
-                excess += 1
-        if excess > 0:
-            self.num_bytes -= sum(self._sizes[:excess])
-            del self.steps[:excess], self._sizes[:excess]
-            self.num_dropped += excess
+        drop = 0  # the oldest go while either bound is passed (the newest step always stays)
+        while drop < len(self.steps) - 1 and (
+                (self.max_steps is not None and len(self.steps) - drop > self.max_steps)
+                or (self.max_bytes is not None and self.num_bytes > self.max_bytes)):
+            self.num_bytes -= self._sizes[drop]
+            drop += 1
+        if drop:
+            del self.steps[:drop], self._sizes[:drop]
+            self.num_dropped += drop
 
     @property
     def slot_utilisation(self) -> float:
