@@ -135,8 +135,9 @@ class LLMEngine:
         self.max_model_len = config.max_model_len or context
         if model.device.type == "cpu":  # each step's activations reused, not faulted in again (memory.py)
             keep_freed_memory()
-        self.proposer = self._make_proposer()  # first: a draft's weights and cache come out of the KV budget
-        self.cache, self.pool = self._make_kv_cache()
+        self.draft = self._load_draft()  # first: its weights come out of the memory the KV cache may take
+        (self.cache, draft_cache), self.pool = self._make_kv_cache()
+        self.proposer = self._make_proposer(draft_cache)
         scheduler_cls = StaticScheduler if config.batching == "static" else ContinuousScheduler
         chunk = config.max_tokens_per_prefill_chunk if config.chunked_prefill else None
         self.scheduler = scheduler_cls(config.max_num_seqs, self.max_model_len, config.max_tokens_per_step, self.pool,
@@ -155,21 +156,25 @@ class LLMEngine:
         self.lock = threading.RLock()
         self._in_step = False  # aborts inside a step are recorded by the step itself
 
-    def _make_kv_cache(self) -> tuple[ContiguousKVCache | PagedKVCache, BlockPool | None]:
-        """A contiguous cache (a max_model_len slot per batch slot), or a paged cache sized from a byte
-        budget: `kv_cache_bytes`, else free GPU memory x `gpu_memory_utilization` on CUDA, else what
-        the contiguous cache would reserve (rounded up to whole blocks). Refuses, with the numbers, a
-        cache the device cannot hold."""
-        config, model, spec = self.config, self.model, self.model.config
-        per_token = kv_bytes_per_token(spec.num_layers, spec.num_kv_heads, spec.head_dim, model.dtype)
+    def _make_kv_cache(self) -> tuple[tuple[ContiguousKVCache | PagedKVCache, ...], BlockPool | None]:
+        """The target's cache and, with a draft model, the draft's — addressed alike (the same slots,
+        or the same block ids: a block holds both models' K/V for its tokens). Contiguous: a
+        max_model_len slot per batch slot. Paged: blocks from one byte budget for both — `kv_cache_bytes`,
+        else free GPU memory x `gpu_memory_utilization` on CUDA, else what the contiguous cache would
+        reserve (rounded up to whole blocks). Refuses, with the numbers, a cache the device cannot hold."""
+        config, model = self.config, self.model
+        models = [model] if self.draft is None else [model, self.draft]
+        per_token = sum(kv_bytes_per_token(m.config.num_layers, m.config.num_kv_heads, m.config.head_dim, m.dtype)
+                        for m in models)
+        whose = " (the target's and the draft model's cache)" if self.draft is not None else ""
         if config.kv == "contiguous":
             self._check_memory(config.max_num_seqs * self.max_model_len * per_token,
                                f"max_num_seqs={config.max_num_seqs} x max_model_len={self.max_model_len} tokens x "
-                               f"{format_bytes(per_token)} per token")
-            cache = ContiguousKVCache.for_model(spec, config.max_num_seqs, self.max_model_len, model.dtype,
-                                                model.device)
-            logger.info(cache.describe())
-            return cache, None
+                               f"{format_bytes(per_token)} per token{whose}")
+            caches = tuple(ContiguousKVCache.for_model(m.config, config.max_num_seqs, self.max_model_len, m.dtype,
+                                                       m.device) for m in models)
+            logger.info(caches[0].describe())
+            return caches + (None,) * (2 - len(caches)), None
         budget = config.kv_cache_bytes
         if budget is None and model.device.type == "cuda":
             budget = int(torch.cuda.mem_get_info(model.device)[0] * config.gpu_memory_utilization)
@@ -178,9 +183,10 @@ class LLMEngine:
         num_blocks = budget // (per_token * config.block_size)
         if num_blocks < 1:
             raise ValueError(f"a KV budget of {budget} bytes holds no block of {config.block_size} tokens "
-                             f"({per_token * config.block_size} bytes)")
+                             f"({per_token * config.block_size} bytes{whose})")
         self._check_memory(num_blocks * config.block_size * per_token,
-                           f"{num_blocks} blocks x {config.block_size} tokens x {format_bytes(per_token)} per token")
+                           f"{num_blocks} blocks x {config.block_size} tokens x {format_bytes(per_token)} per token"
+                           f"{whose}")
         use_triton = config.use_triton
         if use_triton is None and model.device.type == "cuda":  # when they can run and were not asked for by name
             from minillm.attention.triton_paged import unavailable_reason
@@ -195,21 +201,20 @@ class LLMEngine:
             use_cpu_kernel = reason is None
             if reason is not None and model.dtype == torch.float32:
                 logger.info("the C paged-attention kernel is not used: %s", reason)
-        cache = PagedKVCache.for_model(spec, num_blocks, config.block_size, model.dtype, model.device, bool(use_triton),
-                                       pad_block=config.compile or config.cuda_graphs,
-                                       use_cpu_kernel=bool(use_cpu_kernel))
-        logger.info("%s (%s)", cache.describe(), "Triton kernels" if use_triton else
-                    "C decode kernel" if use_cpu_kernel else "torch reference")
-        return cache, BlockPool(num_blocks, config.block_size, prefix_cache=config.prefix_cache)
+        caches = tuple(PagedKVCache.for_model(m.config, num_blocks, config.block_size, m.dtype, m.device,
+                                              bool(use_triton), pad_block=config.compile or config.cuda_graphs,
+                                              use_cpu_kernel=bool(use_cpu_kernel)) for m in models)
+        logger.info("%s (%s)%s", caches[0].describe(), "Triton kernels" if use_triton else
+                    "C decode kernel" if use_cpu_kernel else "torch reference", whose and ", the draft's beside it")
+        return caches + (None,) * (2 - len(caches)), BlockPool(num_blocks, config.block_size,
+                                                               prefix_cache=config.prefix_cache)
 
-    def _make_proposer(self) -> NgramProposer | DraftModelProposer | None:
-        """Speculative decoding's proposer (chapter 7): n-gram lookup, or a draft model loaded on the
-        target's device and dtype, refused unless it shares the target's vocabulary and context."""
+    def _load_draft(self) -> CausalLM | None:
+        """Speculative decoding's draft model (chapter 7), loaded on the target's device and dtype,
+        refused unless it shares the target's vocabulary and context. None without one."""
         spec = self.config.speculative
-        if spec is None:
+        if spec is None or spec.method != "draft":
             return None
-        if spec.method == "ngram":
-            return NgramProposer(spec)
         draft = load_model(spec.draft_model or "draft", dtype=self.model.dtype, device=self.model.device)
         if draft.config.vocab_size != self.model.config.vocab_size:
             raise ValueError(f"the draft model has a vocabulary of {draft.config.vocab_size} tokens and the target "
@@ -217,12 +222,16 @@ class LLMEngine:
         if draft.config.max_position_embeddings < self.max_model_len:
             raise ValueError(f"the draft model's context ({draft.config.max_position_embeddings}) is shorter than "
                              f"max_model_len ({self.max_model_len})")
-        shape = draft.config
-        per_token = kv_bytes_per_token(shape.num_layers, shape.num_kv_heads, shape.head_dim, draft.dtype)
-        self._check_memory(self.config.max_num_seqs * self.max_model_len * per_token,
-                           f"the draft model's cache: max_num_seqs={self.config.max_num_seqs} x max_model_len="
-                           f"{self.max_model_len} tokens x {format_bytes(per_token)} per token")
-        return DraftModelProposer(draft, self.config.max_num_seqs, self.max_model_len)
+        return draft
+
+    def _make_proposer(self, draft_cache) -> NgramProposer | DraftModelProposer | None:
+        """Speculative decoding's proposer (chapter 7): n-gram lookup, or the draft model on its cache."""
+        spec = self.config.speculative
+        if spec is None:
+            return None
+        if spec.method == "ngram":
+            return NgramProposer(spec)
+        return DraftModelProposer(self.draft, draft_cache)
 
     def _make_recorded_decode(self) -> RecordedDecode | None:
         """Chapter 8: pure-decode steps through a step recorded per batch-size bucket — CUDA Graphs
@@ -407,9 +416,10 @@ class LLMEngine:
 
     def _step(self) -> list[StepUpdate]:
         start = time.perf_counter()
-        proposals = self._propose()
+        self._offer_guesses()
         output = self.scheduler.schedule()
         self.num_preemptions += len(output.preempted_ids)
+        output, proposals = self._propose(output)
         result = self._execute(output, proposals)
         updates = [StepUpdate(self._top(rid).request_id, "", True, sample_finished=True)
                    for rid, err in result.failed.items() if self.fail(rid, err)]
@@ -445,27 +455,31 @@ class LLMEngine:
         return [dataclasses.replace(u, finished=last[u.request_id] == i and self.is_done(u.request_id))
                 for i, u in enumerate(updates)]
 
-    def _propose(self) -> dict[str, Proposal]:
-        """Speculative decoding: guesses for every decoding request, as many as its limits leave room
-        for (never past max_new_tokens or the context). A proposer that fails costs only the guesses."""
+    def _offer_guesses(self) -> None:
+        """Speculative decoding, before scheduling: how many guesses each decoding request could verify
+        (never past max_new_tokens or the context); the scheduler reserves room for as many as the
+        step's budget and the free blocks allow."""
         if self.proposer is None:
-            return {}
-        for request in self.scheduler.running:
-            request.draft_token_ids = []  # guesses of an earlier step that never ran are not this step's
+            return
         # never more than the step budget could carry beside the token itself
         k = min(self.config.speculative.num_speculative_tokens, self.config.max_tokens_per_step - 1)
-        todo = [(r, r.room_for_guesses(k, self.max_model_len)) for r in self.scheduler.running
-                if r.num_uncomputed_tokens == 1 and not r.pending_forks]  # samples fork from a plain last row
+        for request in self.scheduler.running:
+            decoding = request.num_uncomputed_tokens == 1 and not request.pending_forks  # samples fork from a plain row
+            request.max_guesses = request.room_for_guesses(k, self.max_model_len) if decoding else 0
+
+    def _propose(self, output: SchedulerOutput) -> tuple[SchedulerOutput, dict[str, Proposal]]:
+        """Speculative decoding, after scheduling: the proposer fills the room the scheduler reserved —
+        only the requests verifying this step guess. A proposer that fails costs only the guesses."""
+        if self.proposer is None or output.is_empty:
+            return output, {}
         try:
-            proposals = self.proposer.propose([(r, n) for r, n in todo if n > 0], self.runner.sampling)
+            proposals = self.proposer.propose(output, self.requests, self.runner.sampling)
         except Exception:
             logger.exception("the speculative proposer failed; this step verifies no guesses")
-            self.proposer.keep_only(set())  # whatever it half-wrote is recomputed next time
-            return {}
-        for request, _ in todo:
-            proposal = proposals.get(request.request_id)
-            request.draft_token_ids = list(proposal.token_ids) if proposal is not None else []
-        return proposals
+            return output, {}
+        chunks = tuple(c.with_guesses(proposals[c.request_id].token_ids[: c.num_lookahead])
+                       if c.request_id in proposals else c for c in output.chunks)
+        return dataclasses.replace(output, chunks=chunks), proposals
 
     def _count_speculation(self, output: SchedulerOutput, result: StepResult,
                            delivered: dict[str, int]) -> dict[str, tuple]:

@@ -55,7 +55,7 @@ class Request:
     #                          location; with a paged cache its blocks are the block pool's table under its id
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at its first admission (chapter 5)
-    draft_token_ids: list[int] = field(default_factory=list)  # this step's guesses, to verify (chapter 7)
+    max_guesses: int = 0  # the most guesses it may verify this step, offered before scheduling (chapter 7)
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)  # per prompt token, as computed
 
     # --- output: filled as it produces tokens and when it ends -----------------------------------

@@ -15,6 +15,7 @@ from minillm.attention.paged import kv_bytes_per_token
 from minillm.config import EngineConfig
 from minillm.engine import LLMEngine
 from minillm.generate import generate_without_cache
+from minillm.model import load_model
 from minillm.request import RequestStatus
 from minillm.sampling import SamplingParams
 from tests.hf_reference import ByteTokenizer
@@ -45,9 +46,13 @@ requests_strategy = st.lists(
     min_size=1, max_size=8)
 
 
-def paged_budget(model, block_size: int, num_blocks: int) -> int:
-    c = model.config
-    return num_blocks * block_size * kv_bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim, model.dtype)
+def paged_budget(model, block_size: int, num_blocks: int, draft: str | None = None) -> int:
+    """The kv_cache_bytes that give `num_blocks` blocks — with a draft model (its folder), blocks that
+    hold the draft's K/V beside the target's."""
+    models = [model] if draft is None else [model, load_model(draft)]
+    per_token = sum(kv_bytes_per_token(m.config.num_layers, m.config.num_kv_heads, m.config.head_dim, m.dtype)
+                    for m in models)
+    return num_blocks * block_size * per_token
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

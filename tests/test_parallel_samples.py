@@ -159,8 +159,8 @@ def engine_for(model, kind: str, max_num_seqs: int = 8, num_blocks: int = 96, bl
                draft: str | None = None, **overrides) -> LLMEngine:
     settings: dict = {"max_num_seqs": max_num_seqs, "max_model_len": 96}
     if kind != "contiguous":
-        settings |= {"kv": "paged", "block_size": block_size, "kv_cache_bytes": paged_budget(model, block_size,
-                                                                                             num_blocks)}
+        budget = paged_budget(model, block_size, num_blocks, draft if "draft" in kind else None)
+        settings |= {"kv": "paged", "block_size": block_size, "kv_cache_bytes": budget}
     if "prefix" in kind:
         settings["prefix_cache"] = True
     if "chunked" in kind:

@@ -46,7 +46,8 @@ def spec_engine(model, method: str, k: int, draft: str | None, kind: str = "cont
     settings = {"max_num_seqs": 4, "max_model_len": 96} | overrides
     if kind != "contiguous":
         settings |= {"kv": "paged", "block_size": block_size, "prefix_cache": kind == "prefix",
-                     "kv_cache_bytes": paged_budget(model, block_size, num_blocks)}
+                     "kv_cache_bytes": paged_budget(model, block_size, num_blocks,
+                                                      draft if method == "draft" else None)}
     spec = SpeculativeConfig(method, k, draft if method == "draft" else None)
     return LLMEngine(model, ByteTokenizer(), EngineConfig(speculative=spec, **settings))
 
@@ -312,3 +313,96 @@ def test_a_path_names_the_draft_model(model, same_draft_folder):
     from pathlib import Path
 
     assert SpeculativeConfig("draft", 2, Path(same_draft_folder)).draft_model == same_draft_folder
+
+
+# ---------------------------------------------------------- the draft model after scheduling, on the target's blocks
+
+
+@pytest.mark.parametrize("kind, overrides", [
+    ("contiguous", {}),
+    ("paged", {}),
+    ("paged", {"chunked_prefill": True, "max_tokens_per_prefill_chunk": 3}),
+    ("prefix", {"chunked_prefill": True, "max_tokens_per_prefill_chunk": 5}),
+    ("prefix", {"num_blocks": 12}),  # preempts: the readmitted requests hit their own cached blocks
+])
+def test_a_draft_that_is_the_target_has_every_guess_kept_on_every_cache(model, same_draft_folder, kind, overrides):
+    """The draft model's cache follows the target's (the same slots or blocks: prefill chunks, prefix
+    hits, preemption, a run of guesses all kept): drafting for itself, it must guess right every
+    time. A missing or stale draft entry shows as a refused guess."""
+    overrides = {"num_blocks": 64} | overrides
+    engine = spec_engine(model, "draft", 3, same_draft_folder, kind, block_size=4, **overrides)
+    shared = list(range(60, 76))  # 4 blocks every request starts with (prefix hits)
+    prompts = [shared + [7 + i] * (1 + 3 * i) for i in range(4)]
+    ids = []
+    for prompt in prompts:
+        ids.append(engine.add_request(prompt, greedy(14)).request_id)
+        engine.step()
+    while engine.has_unfinished():
+        engine.step()
+    for prompt, request_id in zip(prompts, ids):
+        assert engine.output(request_id).token_ids == _reference(model, tuple(prompt), 14)
+    metrics = engine.speculative_metrics
+    assert metrics["drafted"] > 20 and metrics["acceptance_rate"] == 1.0
+    if overrides["num_blocks"] == 12:
+        assert engine.num_preemptions > 0
+    if kind == "prefix":
+        assert engine.prefix_cache_hit_rate > 0
+
+
+def test_the_draft_proposes_only_for_the_requests_verifying_this_step_with_its_prefill_chunked(model,
+                                                                                                same_draft_folder):
+    """The proposer runs after the scheduler: it guesses only into the room a chunk reserved, and its
+    first pass feeds each request what the target's pass feeds it (a prefill chunk), plus at most the
+    one kept guess it has not seen."""
+    engine = spec_engine(model, "draft", 4, same_draft_folder, "paged", max_tokens_per_step=6, chunked_prefill=True,
+                         max_tokens_per_prefill_chunk=3)
+    proposer, seen = engine.proposer, []
+    propose, run_pass = proposer.propose, proposer._pass
+
+    def recording_propose(output, requests, sampling):
+        proposals = propose(output, requests, sampling)
+        room = {c.request_id: c.num_lookahead for c in output.chunks}
+        seen.append((room, {rid: len(p.token_ids) for rid, p in proposals.items()}))
+        return proposals
+
+    def recording_pass(chunks, feeds, rows):
+        for chunk, (start, tokens) in zip(chunks, feeds):
+            assert start + len(tokens) >= chunk.start + 1 and start >= chunk.start - 1  # the lag: one kept guess
+            assert len(tokens) <= 3 + 1
+        return run_pass(chunks, feeds, rows)
+
+    proposer.propose, proposer._pass = recording_propose, recording_pass
+    ids = [engine.add_request(list(range(20 + 9 * i, 29 + 9 * i)), greedy(10)).request_id for i in range(3)]
+    while engine.has_unfinished():
+        engine.step()
+    for i, request_id in enumerate(ids):
+        assert engine.output(request_id).token_ids == _reference(model, tuple(range(20 + 9 * i, 29 + 9 * i)), 10)
+    assert any(0 in room.values() and guessed for room, guessed in seen)  # steps where some chunk had no room
+    for room, guessed in seen:
+        assert set(guessed) == {rid for rid, n in room.items() if n}  # exactly the requests with room
+        assert all(0 < n <= room[rid] for rid, n in guessed.items())
+
+
+def test_the_draft_cache_shares_the_target_blocks_and_budget(model, same_draft_folder):
+    engine = spec_engine(model, "draft", 2, same_draft_folder, "paged", num_blocks=10)
+    draft_cache = engine.proposer.cache
+    assert draft_cache.num_blocks == engine.cache.num_blocks == engine.pool.num_blocks == 10
+    assert draft_cache.nbytes + engine.cache.nbytes == engine.config.kv_cache_bytes
+
+
+def test_a_block_whose_last_kept_guess_the_draft_has_not_seen_is_not_found_in_the_prefix_cache(model,
+                                                                                                same_draft_folder):
+    """A ends on a verification that kept all its guesses: the draft never fed the last one, so the
+    block holding it must not be found by B, whose prompt is A's whole text (a chat's next turn)."""
+    engine = spec_engine(model, "draft", 3, same_draft_folder, "prefix", block_size=4)
+    a_prompt = list(range(60, 76))  # 4 blocks; A's 5 tokens fill a 5th: the first, then 3 kept guesses and 1
+    a = engine.add_request(a_prompt, greedy(5)).request_id
+    while engine.has_unfinished():
+        engine.step()
+    b_prompt = a_prompt + engine.output(a).token_ids + [9, 9, 9]
+    b = engine.add_request(b_prompt, greedy(16)).request_id
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.requests[b].num_cached_tokens == 16  # not 20
+    assert engine.output(b).token_ids == _reference(model, tuple(b_prompt), 16)
+    assert engine.speculative_metrics["acceptance_rate"] == 1.0

@@ -60,18 +60,18 @@ class Scheduler:
         request.status = RequestStatus.RUNNING
         self.running.append(request)
 
-    def _chunk(self, request: Request, num_tokens: int, drafts: list[int] = ()) -> ScheduledChunk:
+    def _chunk(self, request: Request, num_tokens: int) -> ScheduledChunk:
         start = request.num_computed_tokens
         end = start + num_tokens
         blocks = tuple(self.pool.block_table(request.request_id)) if self.pool is not None else ()
-        # a decode runs exactly the newest token, a generated one (and any guesses after it); anything
+        # a decode runs exactly the newest token, a generated one (guesses are added later); anything
         # else computes tokens the request already had: its prompt, or after a preemption its output too
         decode = num_tokens == 1 and start == request.num_tokens - 1 and start >= request.num_prompt_tokens
-        tokens = tuple(request.token_slice(start, end)) + tuple(drafts)
+        tokens = tuple(request.token_slice(start, end))
         samples = end == request.num_tokens
         forks = tuple(c.request_id for c in request.pending_forks) if samples else ()
         return ScheduledChunk(request.request_id, request.slot, start, tokens, samples=samples,
-                              is_prefill=not decode, block_table=blocks, num_drafts=len(drafts), forks=forks)
+                              is_prefill=not decode, block_table=blocks, forks=forks)
 
     def _output(self, chunks: list[ScheduledChunk], new: list[Request], preempted: list[str] = ()) -> SchedulerOutput:
         finished, self._finished_ids = tuple(self._finished_ids), []
@@ -98,12 +98,15 @@ class Scheduler:
             accepted = len(new) - 1 if chunk.num_drafts else 0
             request.num_computed_tokens += chunk.num_tokens - chunk.num_drafts + accepted
             request.output_token_ids.extend(new)
-            request.draft_token_ids = []
+            request.max_guesses = 0
             if self.pool is not None:
-                if self.pool.cache is not None:  # with a prefix cache, its newly full blocks become findable
+                if self.pool.cache is not None:  # with a prefix cache, its newly full blocks become findable —
+                    # but after a verification that kept every guess, the block holding the last one waits a
+                    # step: a draft model feeds that guess only next step (minillm/speculative/proposers.py)
+                    kept_all = chunk.num_drafts and accepted == chunk.num_drafts
                     self.pool.cache_full_blocks(request.request_id, request.all_token_ids,
-                                                request.num_computed_tokens)
-                if chunk.num_drafts:
+                                                request.num_computed_tokens - kept_all)
+                if chunk.num_lookahead:  # blocks reserved for guesses not kept (or never made)
                     self.pool.truncate(request.request_id, request.num_tokens)
             if new:
                 advanced.append((request, len(new)))

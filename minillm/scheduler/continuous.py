@@ -30,6 +30,8 @@ earlier blocks again this way, if they were not evicted meanwhile.
 
 from __future__ import annotations
 
+import dataclasses
+
 from minillm.request import Request, RequestStatus
 from minillm.scheduler.base import Scheduler
 from minillm.scheduler.output import SchedulerOutput
@@ -74,26 +76,28 @@ class ContinuousScheduler(Scheduler):
             budget -= grant
             new.append(request)
         if budget > 0:
-            self._add_guesses(chunks, budget)
+            self._reserve_guesses(chunks, budget)
         return self._output(chunks, new, preempted)
 
-    def _add_guesses(self, chunks: list, budget: int) -> None:
-        """Speculative decoding: the guesses of the requests that sample this step ride along last,
-        from what is left of the budget and of the free blocks — they never delay another request's
-        token, an admission, or cost anyone their blocks."""
+    def _reserve_guesses(self, chunks: list, budget: int) -> None:
+        """Speculative decoding: room for the guesses of the requests that sample this step (each
+        `max_guesses`), reserved last from what is left of the budget and of the free blocks — they
+        never delay another request's token, an admission, or cost anyone their blocks. The proposer
+        fills the room after this (`ScheduledChunk.with_guesses`), for these requests only."""
         by_id = {r.request_id: r for r in self.running}
         for i, chunk in enumerate(chunks):
             request = by_id.get(chunk.request_id)
-            if budget <= 0 or request is None or not request.draft_token_ids or not chunk.samples or chunk.forks:
+            if budget <= 0 or request is None or not request.max_guesses or not chunk.samples or chunk.forks:
                 continue
-            drafts = request.draft_token_ids[:budget]
+            room = min(request.max_guesses, budget)
             if self.pool is not None:
-                while drafts and not self.pool.can_hold(request.request_id, request.num_tokens + len(drafts)):
-                    drafts = drafts[:-1]
-                self.pool.append(request.request_id, request.num_tokens + len(drafts))
-            if drafts:
-                chunks[i] = self._chunk(request, chunk.num_tokens, drafts)
-                budget -= len(drafts)
+                while room and not self.pool.can_hold(request.request_id, request.num_tokens + room):
+                    room -= 1
+                self.pool.append(request.request_id, request.num_tokens + room)
+            if room:
+                blocks = tuple(self.pool.block_table(request.request_id)) if self.pool is not None else ()
+                chunks[i] = dataclasses.replace(chunk, block_table=blocks, num_lookahead=room)
+                budget -= room
 
     def _grant(self, need: int, budget: int) -> int:
         """How many of `need` tokens a request runs this step: all of them if they fit the budget (0
@@ -128,7 +132,7 @@ class ContinuousScheduler(Scheduler):
         self.pool.free(request.request_id)
         request.slot = None
         request.num_computed_tokens = 0  # everything is recomputed when it comes back
-        request.draft_token_ids = []  # and guessed anew
+        request.max_guesses = 0  # and guessed anew
         request.status = RequestStatus.PREEMPTED
         request.num_preemptions += 1
         self.waiting.appendleft(request)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from minillm.request import Request
@@ -16,7 +18,9 @@ class ScheduledChunk:
 
     A prefill chunk brings the prompt (all of it, or with chunked prefill a piece of it), or after
     a preemption the tokens to recompute; a decode chunk the one token sampled last step — with
-    speculative decoding followed by the proposer's guesses, all verified in this pass. When the
+    speculative decoding followed by the proposer's guesses, all verified in this pass. The
+    scheduler reserves room for them (`num_lookahead`: budget and blocks); the proposer, which runs
+    after scheduling, fills it (`with_guesses`) with as many as it has. When the
     chunk reaches the request's newest token (`samples`), its last logits give the next token.
     A padding chunk is a finished member of a static batch: it still occupies its row of the
     batch, so it runs one pad token whose result is thrown away.
@@ -31,6 +35,7 @@ class ScheduledChunk:
     is_padding: bool = False
     block_table: tuple[int, ...] = ()  # with a paged cache: the request's blocks, enough for start + len
     num_drafts: int = 0  # speculative decoding: the last num_drafts of token_ids are guesses to verify
+    num_lookahead: int = 0  # ...the most guesses it may carry: the budget and blocks reserved for them
     forks: tuple[str, ...] = ()  # n samples: the other samples whose first token these last logits also give
 
     @property
@@ -40,6 +45,13 @@ class ScheduledChunk:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    def with_guesses(self, guesses: Sequence[int]) -> ScheduledChunk:
+        """This chunk carrying the proposer's guesses after its own tokens (at most `num_lookahead`)."""
+        if self.num_drafts or len(guesses) > self.num_lookahead:
+            raise ValueError(f"a chunk with room for {self.num_lookahead} guesses (and {self.num_drafts} already) "
+                             f"cannot take {len(guesses)}")
+        return dataclasses.replace(self, token_ids=self.token_ids + tuple(guesses), num_drafts=len(guesses))
 
 
 @dataclass(frozen=True)

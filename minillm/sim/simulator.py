@@ -5,8 +5,8 @@ pool, with a modelled step time instead of the model.
              clock += that time ──► every sampling chunk gets a token ──► scheduler.update() ──►
              requests at their output length finish ──► (again)
 
-With `speculation`, every decoding request first proposes k guesses (placeholders: nothing is
-computed); the scheduler fits them into the step as the engine's does, and each guess is kept with
+With `speculation`, the scheduler reserves room for up to k guesses per decoding request as the
+engine's does, placeholders fill it (nothing is computed), and each guess is kept with
 probability `acceptance` until the first refusal — so a pass yields 1 to k+1 tokens.
 
 Nothing is computed, so an hour of serving simulates in a second, and every scheduling decision —
@@ -15,6 +15,7 @@ admission, chunking, preemption, prefix hits — is exactly the engine's.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from minillm.kv.block_pool import BlockPool
 from minillm.metrics import RequestMetrics, percentile
 from minillm.request import Request
 from minillm.sampling import SamplingParams
-from minillm.scheduler import ContinuousScheduler
+from minillm.scheduler import ContinuousScheduler, SchedulerOutput
 from minillm.scheduler.admission import refusal
 from minillm.sim.step_time import StepTimeModel
 from minillm.stopping import stop_reason
@@ -136,8 +137,9 @@ def simulate(workload: list[SimRequest], config: EngineConfig, step_time: StepTi
                 break
             clock = max(clock, workload[order[next_arrival]].arrival)  # idle until the next arrival
             continue
-        drafting = _propose(scheduler, speculation, config, max_model_len)
+        _offer_guesses(scheduler, speculation, config, max_model_len)
         output = scheduler.schedule()
+        output, drafting = _guess(output, speculation)
         result.preemptions += len(output.preempted_ids)
         if output.is_empty:  # nothing ran and nothing runs: the engine fails the queue's head (never happens
             scheduler.finish(scheduler.waiting[0], "error")  # when the door's checks held)
@@ -174,23 +176,28 @@ def simulate(workload: list[SimRequest], config: EngineConfig, step_time: StepTi
     return result
 
 
-def _propose(scheduler: ContinuousScheduler, speculation: SimSpeculation | None, config: EngineConfig,
-             max_model_len: int) -> tuple[int, int, int] | None:
-    """Placeholder guesses for every decoding request, as many as the engine would make (never past
-    its output length or the context); returns the draft passes' (sequences, 0, context) or None."""
+def _offer_guesses(scheduler: ContinuousScheduler, speculation: SimSpeculation | None, config: EngineConfig,
+                   max_model_len: int) -> None:
+    """Every decoding request may guess as many tokens as the engine would let it (never past its
+    output length or the context); the scheduler reserves room for what the budget and blocks allow."""
     if speculation is None:
-        return None
+        return
     k = min(speculation.k, config.max_tokens_per_step - 1)
-    sequences = context = 0
     for request in scheduler.running:
-        request.draft_token_ids = []
-        if request.num_uncomputed_tokens != 1:
-            continue
-        room = request.room_for_guesses(k, max_model_len)
-        if room > 0:
-            request.draft_token_ids = [0] * room
-            sequences, context = sequences + 1, context + request.num_tokens
-    return (sequences, 0, context) if sequences else None
+        decoding = request.num_uncomputed_tokens == 1
+        request.max_guesses = request.room_for_guesses(k, max_model_len) if decoding else 0
+
+
+def _guess(output: SchedulerOutput, speculation: SimSpeculation | None) -> tuple[SchedulerOutput,
+                                                                                    tuple[int, int, int] | None]:
+    """Placeholder guesses filling the room the scheduler reserved; returns the output with them and
+    the draft passes' (sequences, 0, context), or None when nobody guesses."""
+    if speculation is None or not any(c.num_lookahead for c in output.chunks):
+        return output, None
+    chunks = tuple(c.with_guesses([0] * c.num_lookahead) for c in output.chunks)
+    guessing = [c for c in chunks if c.num_drafts]
+    return (dataclasses.replace(output, chunks=chunks),
+            (len(guessing), 0, sum(c.start + c.num_tokens - c.num_drafts for c in guessing)))
 
 
 def _prompt(index: int, spec: SimRequest) -> list[int]:

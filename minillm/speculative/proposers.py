@@ -1,35 +1,51 @@
 """Proposers: who guesses the next tokens a request's target model will produce.
 
-Both take the decoding requests of a step with how many tokens each may draft (k, fewer near its
-limits) and return a `Proposal` per request:
+Both run after the scheduler has planned the step, for the requests it left room for guesses
+(`ScheduledChunk.num_lookahead`: budget and KV blocks reserved) and for them only, and return a
+`Proposal` per request with at most that many guesses:
 
 * `NgramProposer` — prompt lookup (`minillm/speculative/ngram.py`): no model, no state, guesses
   deterministically (one-hot distributions).
-* `DraftModelProposer` — a small model with the target's tokenizer runs k times per step on all the
-  requests at once, sampling (or taking the argmax, for greedy requests) exactly as the target
-  would. It keeps its own KV cache, one contiguous slot per batch slot. After the target's verdict
-  that cache may hold drafted tokens the target rejected: the next proposal keeps only the prefix
-  that still matches the request's tokens — its rollback — and feeds the rest again.
+* `DraftModelProposer` — a small model with the target's tokenizer. Its KV cache *mirrors* the
+  target's: the same slots, or with a paged cache the same block ids (each block holds the
+  target's K/V and the draft's for the same tokens, so its pool, preemption, prefix sharing and
+  copy-on-write serve both, and the two share one memory budget). Its first pass runs on the
+  step's chunks themselves — the prefill chunks exactly as the target's pass will run them, so its
+  prefill is chunked like the target's — and drafts each verifying request's first guess; each next
+  pass feeds the requests' previous guesses. Guesses are drawn as the target would draw (argmax for
+  a greedy request, the same temperature / top-k / top-p / min-p otherwise), keeping the q they
+  were drawn from for the acceptance rule.
 
-    request tokens  t0 … t9 | drafted d1 d2 d3 d4       draft cache holds t0 … t9 d1 d2 d3 (d4 never fed)
-    verdict: d1 d2 kept, then the target's own x        request tokens now t0 … t9 d1 d2 x
-    next proposal: the cache's first 12 tokens still match (t0 … t9 d1 d2): feed x, then draft again
+Rollback costs nothing: the draft's entries for guesses the target refused lie past the request's
+computed tokens and are written over. One entry can lag: when the target keeps every guess, the
+last one was never fed to the draft (its pass would only have drafted a guess past the round), so
+the next proposal feeds it first.
+
+    request t0 … t9, guesses d1 d2 d3      draft wrote t9 (first pass), d1, d2; never d3
+    verdict: all kept, then x              target computed t0 … t9 d1 d2 d3; draft holds up to d2
+    next step: the chunk is [x]            the draft's first pass feeds [d3, x]
+
+So that a prefix-cache hit never finds a block without its draft entries, the scheduler makes the
+block holding such a last guess findable one step later (`Scheduler.update`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 
 from minillm.attention import ContiguousKVCache
+from minillm.attention.paged import PagedKVCache
 from minillm.config import SpeculativeConfig
 from minillm.model.decoder import CausalLM
 from minillm.request import Request
 from minillm.sampling import SamplingParams, filtered_logits
+from minillm.scheduler.output import ScheduledChunk, SchedulerOutput
 from minillm.speculative.ngram import propose_ngram
 
-Sampling = dict[str, tuple[SamplingParams, torch.Generator | None]]  # request id -> its params and generator
+Sampling = Mapping[str, tuple[SamplingParams, torch.Generator | None]]  # request id -> its params and generator
 
 
 @dataclass
@@ -44,9 +60,11 @@ class NgramProposer:
     def __init__(self, config: SpeculativeConfig):
         self.n_max, self.n_min = config.ngram_max, config.ngram_min
 
-    def propose(self, requests: list[tuple[Request, int]], sampling: Sampling) -> dict[str, Proposal]:
-        return {r.request_id: Proposal(propose_ngram(r.all_token_ids, k, self.n_max, self.n_min))
-                for r, k in requests if k > 0}
+    def propose(self, output: SchedulerOutput, requests: Mapping[str, Request],
+                sampling: Sampling) -> dict[str, Proposal]:
+        return {c.request_id: Proposal(propose_ngram(requests[c.request_id].all_token_ids, c.num_lookahead,
+                                                     self.n_max, self.n_min))
+                for c in output.chunks if c.num_lookahead}
 
     def keep_only(self, request_ids: set[str]) -> None:
         """Nothing to forget: the n-gram proposer keeps no state."""
@@ -54,77 +72,90 @@ class NgramProposer:
 
 @dataclass
 class _Held:
-    """What one request's slot of the draft cache holds: its first `base` tokens, then `drafted`.
-    `owner`: the request they belong to (an id can come back as another request after an abort)."""
+    """How far the draft's cache holds one request's tokens: its first `end` (entries past the
+    request's computed tokens are refused guesses). `owner`: an id can come back as another request."""
 
     owner: Request
-    slot: int
-    base: int
-    drafted: list[int] = field(default_factory=list)
-
-    def valid_prefix(self, tokens: list[int]) -> int:
-        """How many leading entries still match the request's tokens (the rest are rolled back)."""
-        n = min(self.base, len(tokens))
-        for guess in self.drafted:
-            if n >= len(tokens) or tokens[n] != guess:
-                break
-            n += 1
-        return n
+    end: int
 
 
 class DraftModelProposer:
-    def __init__(self, draft: CausalLM, num_slots: int, max_len: int):
-        self.draft = draft
-        self.cache = ContiguousKVCache.for_model(draft.config, num_slots, max_len, draft.dtype, draft.device)
+    def __init__(self, draft: CausalLM, cache: ContiguousKVCache | PagedKVCache):
+        self.draft, self.cache = draft, cache  # cache: shaped for the draft, addressed like the target's
         self.held: dict[str, _Held] = {}
 
     @torch.inference_mode()
-    def propose(self, requests: list[tuple[Request, int]], sampling: Sampling) -> dict[str, Proposal]:
-        """k draft passes over all the requests at once: the first feeds what each request's slot lacks
-        (its whole prompt at first, later the last verdict's tokens), each next one the token just drafted."""
-        todo = [(r, k, r.all_token_ids) for r, k in requests if k > 0]
-        proposals = {r.request_id: Proposal([], None) for r, _, _ in todo}
-        probs: dict[str, list[torch.Tensor]] = {r.request_id: [] for r, _, _ in todo}
-        feeds = {}
-        for request, _, tokens in todo:
-            held = self.held.get(request.request_id)
-            same = held is not None and held.owner is request and held.slot == request.slot
-            start = held.valid_prefix(tokens) if same else 0
-            start = min(start, len(tokens) - 1)  # the newest token is always fed: its logits draft the first guess
-            feeds[request.request_id] = (start, tokens[start:])
-            self.held[request.request_id] = _Held(request, request.slot, len(tokens))
-        for round_ in range(max((k for _, k, _ in todo), default=0)):
-            active = [(r, tokens) for r, k, tokens in todo if round_ < k]
-            input_ids = [t for r, _ in active for t in feeds[r.request_id][1]]
-            positions = [p for r, _ in active
-                         for p in range(feeds[r.request_id][0], feeds[r.request_id][0] + len(feeds[r.request_id][1]))]
-            device = self.draft.device
-            backend = self.cache.batch([r.slot for r, _ in active], [feeds[r.request_id][0] for r, _ in active],
-                                       [len(feeds[r.request_id][1]) for r, _ in active])
-            hidden = self.draft(torch.tensor(input_ids, device=device), torch.tensor(positions, device=device), backend)
-            ends = torch.tensor([len(feeds[r.request_id][1]) for r, _ in active], device=device).cumsum(0) - 1
-            logits = self.draft.logits(hidden[ends])  # (len(active), vocab)
-            for (request, _), row in zip(active, logits):
-                rid = request.request_id
-                params, generator = sampling[rid]
-                if params.greedy:
-                    token = int(row.argmax())
-                else:
-                    q = filtered_logits(row, params).softmax(dim=-1)
-                    token = int(torch.multinomial(q, 1, generator=generator))
-                    probs[rid].append(q)
-                proposals[rid].token_ids.append(token)
-                start, fed = feeds[rid]
-                feeds[rid] = (start + len(fed), [token])  # the next round feeds the guess just drafted
-        for request, k, _ in todo:
-            rid = request.request_id
-            self.held[rid].drafted = proposals[rid].token_ids[: k - 1]  # the last guess was never fed
-            if probs[rid]:
-                proposals[rid].probs = torch.stack(probs[rid])
+    def propose(self, output: SchedulerOutput, requests: Mapping[str, Request],
+                sampling: Sampling) -> dict[str, Proposal]:
+        """The draft's passes for one step: the first over every chunk (what the draft lacks of each
+        request up to the chunk's end), then one per further guess over the requests still guessing."""
+        if output.block_copies:  # the same copies the target's cache gets (copy-on-write, forks)
+            self.cache.copy_blocks(list(output.block_copies))
+        if output.slot_copies:
+            self.cache.copy_slots(list(output.slot_copies))
+        chunks = [c for c in output.chunks if not c.is_padding]
+        feeds = []  # per chunk: (first position fed, tokens fed)
+        for chunk in chunks:
+            request = requests[chunk.request_id]
+            held = self.held.get(chunk.request_id)
+            start = min(held.end, chunk.start) if held is not None and held.owner is request else chunk.start
+            feeds.append((start, request.token_slice(start, chunk.start) + list(chunk.token_ids)))
+            self.held[chunk.request_id] = _Held(request, start)  # until the pass below has run
+        guessing = [i for i, c in enumerate(chunks) if c.num_lookahead]
+        logits = self._pass(chunks, feeds, guessing)
+        for chunk, (start, tokens) in zip(chunks, feeds):
+            self.held[chunk.request_id].end = start + len(tokens)
+        proposals = {chunks[i].request_id: Proposal([]) for i in guessing}
+        probs: dict[str, list[torch.Tensor]] = {rid: [] for rid in proposals}
+        for round_ in range(max((chunks[i].num_lookahead for i in guessing), default=0)):
+            if round_:  # feed each request's previous guess, one token after its last
+                guessing = [i for i in guessing if chunks[i].num_lookahead > round_]
+                feeds = {i: (self.held[chunks[i].request_id].end, [proposals[chunks[i].request_id].token_ids[-1]])
+                         for i in guessing}
+                logits = self._pass([chunks[i] for i in guessing], [feeds[i] for i in guessing], range(len(guessing)))
+                for i in guessing:
+                    self.held[chunks[i].request_id].end += 1
+            for i, (token, q) in zip(guessing, self._draw(logits, [chunks[i].request_id for i in guessing], sampling)):
+                proposals[chunks[i].request_id].token_ids.append(token)
+                if q is not None:
+                    probs[chunks[i].request_id].append(q)
+        for request_id, drawn in probs.items():
+            if drawn:
+                proposals[request_id].probs = torch.stack(drawn)  # (guesses, vocab)
         return proposals
 
+    def _pass(self, chunks: list[ScheduledChunk], feeds: list[tuple[int, list[int]]], rows) -> torch.Tensor:
+        """One forward pass of the draft: chunk i's `feeds[i]` tokens from its position `feeds[i][0]`,
+        in the target's slot or blocks. Returns the logits of the last token of each chunk in `rows`,
+        (len(rows), vocab)."""
+        device = self.draft.device
+        input_ids = torch.tensor([t for _, tokens in feeds for t in tokens], device=device)
+        positions = torch.tensor([p for start, tokens in feeds for p in range(start, start + len(tokens))],
+                                 device=device)
+        where = [c.block_table for c in chunks] if isinstance(self.cache, PagedKVCache) else [c.slot for c in chunks]
+        backend = self.cache.batch(where, [start for start, _ in feeds], [len(tokens) for _, tokens in feeds])
+        hidden = self.draft(input_ids, positions, backend)  # (num_tokens, hidden)
+        ends = torch.tensor([len(tokens) for _, tokens in feeds], device=device).cumsum(0) - 1
+        return self.draft.logits(hidden[ends[list(rows)]])
+
+    @staticmethod
+    def _draw(logits: torch.Tensor, request_ids: list[str],
+              sampling: Sampling) -> list[tuple[int, torch.Tensor | None]]:
+        """Each row's guess, with the distribution it was drawn from (None for a greedy request's
+        argmax). One host sync for the whole batch."""
+        chosen, dists = logits.argmax(dim=-1), []  # (rows,)
+        for row, request_id in enumerate(request_ids):
+            params, generator = sampling[request_id]
+            if params.greedy:
+                dists.append(None)
+                continue
+            q = filtered_logits(logits[row].float(), params).softmax(dim=-1)
+            chosen[row] = torch.multinomial(q, 1, generator=generator)[0]
+            dists.append(q)
+        return list(zip(chosen.tolist(), dists))
+
     def keep_only(self, request_ids: set[str]) -> None:
-        """Forget every other request: it finished, or lost its slot (preempted), whose draft cache is
-        then no longer its own."""
+        """Forget every other request: it finished, or was preempted (its blocks, and so its draft
+        entries, may go to someone else)."""
         for request_id in [rid for rid in self.held if rid not in request_ids]:
             del self.held[request_id]
