@@ -4,7 +4,7 @@ checks them all in one forward pass, and the acceptance rule keeps exactly the t
 
     acceptance.py   the rule: accept a guess with probability min(1, p/q), else resample
     ngram.py        prompt lookup: propose what followed the last n tokens earlier in the request
-    proposers.py    who guesses: the n-gram proposer, or a small draft model with its own KV cache
+    proposers.py    who guesses: the n-gram proposer, or a small draft model, its KV cache beside the target's
 """
 
 from minillm.speculative.acceptance import accept_greedy, accept_sampled
