@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from minillm.attention import ContiguousKVCache
+from minillm.attention.chunks import batch_for
 from minillm.attention.paged import PagedKVCache
 from minillm.graphs.recorded_decode import RecordedDecode
 from minillm.logprobs import TokenLogprob, token_logprobs
@@ -132,12 +133,9 @@ class ModelRunner:
         """The forward pass of any step (prefill, decode, chunks, guesses): logits of the rows that
         sample, (num_rows, vocab) — each sampling chunk's last real token, and its guesses — and of
         the prompt rows asked for, (len(prompt_rows), vocab)."""
-        device = self.model.device
-        input_ids = torch.tensor([t for c in chunks for t in c.token_ids], device=device)  # (num_tokens,)
-        positions = torch.tensor([p for c in chunks for p in range(c.start, c.start + c.num_tokens)], device=device)
-        where = [c.block_table for c in chunks] if isinstance(self.cache, PagedKVCache) else [c.slot for c in chunks]
-        backend = self.cache.batch(where, [c.start for c in chunks], [c.num_tokens for c in chunks])
-        hidden = self.model(input_ids, positions, backend)  # (num_tokens, hidden)
+        input_ids = torch.tensor([t for c in chunks for t in c.token_ids], device=self.model.device)  # (num_tokens,)
+        backend = batch_for(self.cache, chunks)
+        hidden = self.model(input_ids, backend.positions, backend)  # (num_tokens, hidden)
         ends = list(itertools.accumulate(c.num_tokens for c in chunks))
         rows = [r for c, end in zip(chunks, ends) if c.samples for r in range(end - 1 - c.num_drafts, end)]
         logits = self.model.logits(hidden[[r.hidden_row for r in prompt_rows] + rows])
@@ -210,3 +208,4 @@ class ModelRunner:
         if proposal is not None and proposal.probs is not None and proposal.token_ids[: len(drafted)] == list(drafted):
             q = proposal.probs[: len(drafted)]
         return accept_sampled(drafted, sampler.probs(start, n), q, generator)
+

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
@@ -19,3 +20,16 @@ class AttentionBackend(Protocol):
         """q: (num_tokens, num_heads, head_dim); k, v: (num_tokens, num_kv_heads, head_dim) of the
         new tokens. Returns (num_tokens, num_heads, head_dim)."""
         ...
+
+
+def token_positions(starts: Sequence[int], query_lens: Sequence[int], device) -> torch.Tensor:
+    """(sum(query_lens),) int64: the positions of one pass's new tokens — sequence i's run
+    starts[i], starts[i] + 1, ... of query_lens[i] — built without a Python loop over the tokens.
+
+        starts [7, 0, 3], query_lens [1, 4, 1]  ->  [7, 0, 1, 2, 3, 3]"""
+    start = torch.tensor(starts, dtype=torch.long, device=device)
+    if all(n == 1 for n in query_lens):  # a pure decode pass: one token at each start
+        return start
+    lens = torch.tensor(query_lens, dtype=torch.long, device=device)
+    first_row = torch.cumsum(lens, 0) - lens  # where each sequence's run begins in the flat batch
+    return torch.arange(int(lens.sum()), device=device) + torch.repeat_interleave(start - first_row, lens)

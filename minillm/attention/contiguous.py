@@ -19,6 +19,7 @@ import itertools
 import torch
 import torch.nn.functional as F
 
+from minillm.attention.backend import token_positions
 from minillm.attention.causal import causal_attention
 from minillm.attention.masks import additive_mask
 from minillm.memory import format_bytes
@@ -83,6 +84,7 @@ class ContiguousBatch:
     def __init__(self, cache: ContiguousKVCache, slots: list[int], starts: list[int], query_lens: list[int]):
         self.cache = cache
         device = cache.k[0].device
+        self.positions = token_positions(starts, query_lens, device)  # (num_tokens,)
         offsets = [0, *itertools.accumulate(query_lens)][:-1]
         decode = [i for i, n in enumerate(query_lens) if n == 1]
         self.prefills = [(offsets[i], slots[i], starts[i], n) for i, n in enumerate(query_lens) if n > 1]

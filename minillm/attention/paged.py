@@ -19,6 +19,8 @@ from collections.abc import Sequence
 import torch
 
 from minillm.attention import paged_ops
+from minillm.attention.backend import token_positions
+from minillm.attention.block_table_rows import BlockTableRows
 from minillm.memory import format_bytes, zeros_on_huge_pages
 
 
@@ -40,6 +42,7 @@ class PagedKVCache:
         self.v = [zeros_on_huge_pages(shape, dtype, device) for _ in range(num_layers)]
         self.num_blocks, self.block_size = num_blocks, block_size
         self.pad_block: int | None = num_blocks if pad_block else None
+        self.table_rows = BlockTableRows(num_blocks, device)  # the sequences' tables, kept between passes
         self.bytes_per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
         if use_triton and use_cpu_kernel:
             raise ValueError("use_triton (CUDA) and use_cpu_kernel (CPU) exclude each other")
@@ -95,15 +98,19 @@ class PagedKVCache:
             k.index_copy_(0, destinations, k.index_select(0, sources))
             v.index_copy_(0, destinations, v.index_select(0, sources))
 
-    def batch(self, block_tables: Sequence[Sequence[int]], starts: list[int], query_lens: list[int]) -> PagedBatch:
+    def batch(self, block_tables: Sequence[Sequence[int]], starts: list[int], query_lens: list[int],
+              rows: Sequence[int] | None = None) -> PagedBatch:
         """The backend for one forward pass: sequence i writes query_lens[i] tokens at positions
-        starts[i]... through its block table, attending to everything before them."""
+        starts[i]... through its block table, attending to everything before them. `rows`: where
+        each sequence's table is kept between passes (its batch slot; default 0, 1, ...), so that
+        only what changed since the last pass is written (`minillm/attention/block_table_rows.py`)."""
+        rows = range(len(block_tables)) if rows is None else rows
+        if len(set(rows)) != len(rows) or len(rows) != len(block_tables):
+            raise ValueError(f"one distinct row per sequence, got rows {list(rows)} for {len(block_tables)} sequences")
         for table, start, n in zip(block_tables, starts, query_lens):
             if start + n > len(table) * self.block_size:
                 raise ValueError(f"a sequence of {start + n} tokens does not fit its {len(table)} blocks")
-            if any(not 0 <= b < self.num_blocks for b in table):
-                raise ValueError(f"block table {list(table)} has ids outside [0, {self.num_blocks})")
-        return PagedBatch(self, block_tables, starts, query_lens)
+        return PagedBatch(self, block_tables, starts, query_lens, rows)
 
 
 class PagedBatch:
@@ -118,27 +125,39 @@ class PagedBatch:
     """
 
     def __init__(self, cache: PagedKVCache, block_tables: Sequence[Sequence[int]], starts: list[int],
-                 query_lens: list[int]):
+                 query_lens: list[int], rows: Sequence[int]):
         self.cache = cache
         device, size = cache.k[0].device, cache.block_size
-        slots = [table[p // size] * size + p % size
-                 for table, start, n in zip(block_tables, starts, query_lens) for p in range(start, start + n)]
-        self.slot_mapping = torch.tensor(slots, dtype=torch.long, device=device)  # (num_tokens,)
+        cache.table_rows.sync(rows, block_tables)
+        row_ids = torch.tensor(rows, dtype=torch.long, device=device)  # (num_seqs,)
+        self.positions = token_positions(starts, query_lens, device)  # (num_tokens,)
+        token_rows = row_ids if len(query_lens) == len(self.positions) else row_ids.repeat_interleave(
+            torch.tensor(query_lens, device=device))
+        table = cache.table_rows.tensor
+        self.slot_mapping = table[token_rows, self.positions // size].long() * size + self.positions % size
         offsets = [0, *itertools.accumulate(query_lens)][:-1]
         decode = [i for i, n in enumerate(query_lens) if n == 1]
         groups = [decode]
         if cache.ops is paged_ops:  # the torch reference pads each call's rows to its longest context
             groups = [[decode[j] for j in group] for group in similar_lengths([starts[i] + 1 for i in decode])]
+
+        def tables(group: list[int]) -> torch.Tensor:  # (len(group), width): the group's rows of the kept tables
+            if not group:
+                return torch.zeros((0, 0), dtype=torch.int32, device=device)
+            width = max(len(block_tables[i]) for i in group)
+            index = row_ids if group == list(range(len(rows))) else row_ids[torch.tensor(group, device=device)]
+            return cache.table_rows.gather(index, width)
+
         # per group of decode rows: (rows of q — a slice where they are adjacent, (rows, width) block tables,
         # context lengths)
-        self.decode_groups = [(_rows(group, offsets, device), _padded_tables(block_tables, group, device),
+        self.decode_groups = [(_rows(group, offsets, device), tables(group),
                                torch.tensor([starts[i] + 1 for i in group], dtype=torch.int32, device=device))
                               for group in groups if group]
         self.all_decode = (len(decode) == len(query_lens) and len(self.decode_groups) == 1  # every row, in order
                            and isinstance(self.decode_groups[0][0], slice))
         # prefill / extend rows: every sequence bringing several tokens, in one call per layer
         prefill = [i for i, n in enumerate(query_lens) if n > 1]
-        self.prefill_tables = _padded_tables(block_tables, prefill, device)
+        self.prefill_tables = tables(prefill)
         self.prefill_rows = torch.tensor([offsets[i] for i in prefill], dtype=torch.int32, device=device)
         self.prefill_lens = torch.tensor([query_lens[i] for i in prefill], dtype=torch.int32, device=device)
         self.prefill_starts = torch.tensor([starts[i] for i in prefill], dtype=torch.int32, device=device)
@@ -166,13 +185,6 @@ def _rows(group: list[int], offsets: list[int], device) -> slice | torch.Tensor:
     if rows == list(range(rows[0], rows[0] + len(rows))):
         return slice(rows[0], rows[0] + len(rows))
     return torch.tensor(rows, dtype=torch.long, device=device)
-
-
-def _padded_tables(block_tables: Sequence[Sequence[int]], rows: list[int], device) -> torch.Tensor:
-    """(len(rows), width) int32: the rows' block tables padded with block 0, never read past a context."""
-    width = max((len(block_tables[i]) for i in rows), default=0)
-    return torch.tensor([list(block_tables[i]) + [0] * (width - len(block_tables[i])) for i in rows],
-                        dtype=torch.int32, device=device)
 
 
 def similar_lengths(lengths: list[int], floor: int = 64) -> list[list[int]]:

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from minillm.attention import ContiguousKVCache
+from minillm.attention.chunks import batch_for
 from minillm.attention.paged import PagedKVCache
 from minillm.config import SpeculativeConfig
 from minillm.model.decoder import CausalLM
@@ -130,11 +131,8 @@ class DraftModelProposer:
         (len(rows), vocab)."""
         device = self.draft.device
         input_ids = torch.tensor([t for _, tokens in feeds for t in tokens], device=device)
-        positions = torch.tensor([p for start, tokens in feeds for p in range(start, start + len(tokens))],
-                                 device=device)
-        where = [c.block_table for c in chunks] if isinstance(self.cache, PagedKVCache) else [c.slot for c in chunks]
-        backend = self.cache.batch(where, [start for start, _ in feeds], [len(tokens) for _, tokens in feeds])
-        hidden = self.draft(input_ids, positions, backend)  # (num_tokens, hidden)
+        backend = batch_for(self.cache, chunks, [start for start, _ in feeds], [len(tokens) for _, tokens in feeds])
+        hidden = self.draft(input_ids, backend.positions, backend)  # (num_tokens, hidden)
         ends = torch.tensor([len(tokens) for _, tokens in feeds], device=device).cumsum(0) - 1
         return self.draft.logits(hidden[ends[list(rows)]])
 
