@@ -31,7 +31,7 @@ class BlockTableRows:
     def sync(self, rows: Sequence[int], tables: Sequence[Sequence[int]]) -> None:
         """Make row rows[i] hold tables[i], writing only entries that differ from what it held."""
         self._grow(max(rows) + 1, max(len(t) for t in tables))
-        row_index, column_index, values = [], [], []
+        changed, firsts, counts, values = [], [], [], []  # per row written: where it starts, how many
         for row, table in zip(rows, tables):
             table, held = tuple(table), self.held[row]
             if table == held:
@@ -44,17 +44,21 @@ class BlockTableRows:
             else:
                 first = 0
             new = table[first:]
-            if any(not 0 <= b < self.num_blocks for b in new):
+            if new and (min(new) < 0 or max(new) >= self.num_blocks):
                 raise ValueError(f"block table {list(table)} has ids outside [0, {self.num_blocks})")
-            row_index += [row] * len(new)
-            column_index += range(first, len(table))
+            changed.append(row)
+            firsts.append(first)
+            counts.append(len(new))
             values += new
             self.held[row] = table
         self.last_written = len(values)
-        if values:  # one indexed write for the whole step
+        if values:  # one indexed write for the whole step, its indices built by tensor ops
             device = self.tensor.device
-            self.tensor[torch.tensor(row_index, device=device), torch.tensor(column_index, device=device)] = \
-                torch.tensor(values, dtype=torch.int32, device=device)
+            count = torch.tensor(counts, device=device)
+            row_index = torch.repeat_interleave(torch.tensor(changed, device=device), count)
+            column_index = torch.arange(len(values), device=device) + torch.repeat_interleave(
+                torch.tensor(firsts, device=device) - (torch.cumsum(count, 0) - count), count)
+            self.tensor[row_index, column_index] = torch.tensor(values, dtype=torch.int32, device=device)
 
     def gather(self, rows: torch.Tensor, width: int) -> torch.Tensor:
         """(len(rows), width) int32: the first `width` entries of the given rows."""
