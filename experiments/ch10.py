@@ -128,7 +128,12 @@ async def record_both(num_requests: int = 16, max_tokens: int = 32, slots: int =
         threads = min(threads, glance.use.free_cores)
         print(f"⚠ Before recording: {glance.use.describe()}. Both runs will be disturbed, the timeline will show "
               f"it as longer pieces, and torch computes with {threads} thread{'s' * (threads != 1)}.", flush=True)
-    return [await record(mode, num_requests, max_tokens, slots, threads=threads) for mode in ("thread", "process")]
+    recordings = [await record(mode, num_requests, max_tokens, slots, threads=threads)
+                  for mode in ("thread", "process")]
+    if glance.use is not None and glance.use.busy:  # with fewer threads the runs may not see it: they still shared
+        for recording in recordings:
+            recording.info["busy"] = recording.info.get("busy") or f"before it, {glance.use.describe()}"
+    return recordings
 
 
 def make_llm(mode: str, slots: int = 16, threads: int | None = None) -> AsyncLLM:

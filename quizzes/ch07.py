@@ -37,7 +37,8 @@ QUESTIONS = [
                       "rarely (0.5 x 0.2 = 0.1).")),
     Question("On an A100 (312 TFLOP/s of 16-bit arithmetic, about 2 TB/s of memory), speculation with k = 4 "
              "gave a 16-bit model 1.8x at batch 1. At batch 32, what decides whether it still pays?",
-             ("Nothing: every request still gets the same tokens per target pass, so the gain stays at 1.8x",
+             ("Nothing: every request still gets the same tokens per target pass, so the gain stays at 1.8x "
+              "whatever the batch",
               "Whether a verification pass, now 32 x 5 = 160 tokens, stays under the ridge point of about 156: at "
               "k = 4 it just crosses it, and the gain shrinks",
               "Nothing to weigh: at batch 32 a decode step is already compute-bound, so every extra token is paid "

@@ -54,10 +54,12 @@ QUESTIONS = [
                       "and the weights live in the core alone.", None)),
     Question("This course's machine is a 2-core CPU, and the model's forward pass keeps both cores busy. What can "
              "moving the front end into a process of its own buy there?",
-             ("Only what sharing one process cost: the step's waits for the interpreter and the two sides' threads "
-              "contending; the front end's work itself still takes time on the cores the forward computes on",
-              "Twice the throughput, since two processes can use both cores where one process used only one",
-              "A faster forward pass, since the core process no longer holds a tokenizer or the HTTP server"),
+             ("Only what sharing one process cost (the waits for the interpreter, the threads contending); the "
+              "front end's work still runs on the forward's cores",
+              "Twice the throughput, since two processes can spread over both cores where one process was held to "
+              "one of them",
+              "A faster forward pass, since the core's process no longer holds the tokenizer, the HTTP server and "
+              "their memory"),
              0, "Overlap needs a free resource. With a GPU, the host launches the forward and is idle until the "
                 "tokens come back: the front end, the scheduling of the next step, and the sampler's host work "
                 "can all hide there. On a CPU that computes the forward itself there is no idle core to hide the "

@@ -137,3 +137,31 @@ def test_the_timeline_words_follow_each_outcome():
     assert words.startswith("⚠ Other programs were busy while this recorded (process run: other programs kept 2.0")
     assert "1.25x as fast" in words and "Here the split paid" not in words and "no faster" not in words
     assert "Rerun the recording on a quiet machine" in words
+
+
+def test_a_machine_busy_before_recording_withholds_the_verdict_though_the_runs_saw_no_load(monkeypatch, capsys):
+    """record_both gives torch only the free cores, so each run's own watch may see no load: the glance
+    before them still marks both recordings busy, and the words give no verdict (a learner walk found one)."""
+
+    class BusyGlance:
+        def __enter__(self):
+            self.use = CpuUse(wall_s=1.0, ours_s=0.1, others_s=1.6, cores=2, threads=2)
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+    async def quiet_record(mode, *args, threads=None, **kwargs):
+        spans = [("server" if mode == "thread" else "core", "forward", 0, 8), ("front end", "detokenize", 9, 11)]
+        run = _run("before" if mode == "thread" else "after", 20 if mode == "thread" else 16, spans)
+        run.info["mode"] = mode
+        return run
+
+    monkeypatch.setattr(ch10, "CpuWatch", BusyGlance)
+    monkeypatch.setattr(ch10, "record", quiet_record)
+    monkeypatch.setattr(ch10.time, "sleep", lambda s: None)
+    before, after = asyncio.run(ch10.record_both())
+    assert "Before recording" in capsys.readouterr().out
+    assert before.info["busy"].startswith("before it, other programs kept") and after.info["busy"]
+    words = ch10.compare_words(before, after)
+    assert words.startswith("⚠ Other programs were busy") and "Here the split paid" not in words
