@@ -128,13 +128,12 @@ class PagedBatch:
                  query_lens: list[int], rows: Sequence[int]):
         self.cache = cache
         device, size = cache.k[0].device, cache.block_size
-        cache.table_rows.sync(rows, block_tables)
-        row_ids = torch.tensor(rows, dtype=torch.long, device=device)  # (num_seqs,)
+        cache.table_rows.sync(rows, block_tables)  # only what changed since the last pass is written
+        # every new token's slot, read from its sequence's table: Python over the new tokens (not the blocks)
+        slots = [table[p // size] * size + p % size
+                 for table, start, n in zip(block_tables, starts, query_lens) for p in range(start, start + n)]
+        self.slot_mapping = torch.tensor(slots, dtype=torch.long, device=device)  # (num_tokens,)
         self.positions = token_positions(starts, query_lens, device)  # (num_tokens,)
-        token_rows = row_ids if len(query_lens) == len(self.positions) else row_ids.repeat_interleave(
-            torch.tensor(query_lens, device=device))
-        table = cache.table_rows.tensor
-        self.slot_mapping = table[token_rows, self.positions // size].long() * size + self.positions % size
         offsets = [0, *itertools.accumulate(query_lens)][:-1]
         decode = [i for i, n in enumerate(query_lens) if n == 1]
         groups = [decode]
@@ -142,11 +141,8 @@ class PagedBatch:
             groups = [[decode[j] for j in group] for group in similar_lengths([starts[i] + 1 for i in decode])]
 
         def tables(group: list[int]) -> torch.Tensor:  # (len(group), width): the group's rows of the kept tables
-            if not group:
-                return torch.zeros((0, 0), dtype=torch.int32, device=device)
             width = max(len(block_tables[i]) for i in group)
-            index = row_ids if group == list(range(len(rows))) else row_ids[torch.tensor(group, device=device)]
-            return cache.table_rows.gather(index, width)
+            return cache.table_rows.gather(torch.tensor([rows[i] for i in group], device=device), width)
 
         # per group of decode rows: (rows of q — a slice where they are adjacent, (rows, width) block tables,
         # context lengths)
@@ -155,13 +151,14 @@ class PagedBatch:
                               for group in groups if group]
         self.all_decode = (len(decode) == len(query_lens) and len(self.decode_groups) == 1  # every row, in order
                            and isinstance(self.decode_groups[0][0], slice))
-        # prefill / extend rows: every sequence bringing several tokens, in one call per layer
+        # prefill / extend rows: every sequence bringing several tokens, in one call per layer (none: no tensors)
         prefill = [i for i, n in enumerate(query_lens) if n > 1]
-        self.prefill_tables = tables(prefill)
-        self.prefill_rows = torch.tensor([offsets[i] for i in prefill], dtype=torch.int32, device=device)
-        self.prefill_lens = torch.tensor([query_lens[i] for i in prefill], dtype=torch.int32, device=device)
-        self.prefill_starts = torch.tensor([starts[i] for i in prefill], dtype=torch.int32, device=device)
         self.max_prefill_len = max((query_lens[i] for i in prefill), default=0)
+        if prefill:
+            self.prefill_tables = tables(prefill)
+            self.prefill_rows = torch.tensor([offsets[i] for i in prefill], dtype=torch.int32, device=device)
+            self.prefill_lens = torch.tensor([query_lens[i] for i in prefill], dtype=torch.int32, device=device)
+            self.prefill_starts = torch.tensor([starts[i] for i in prefill], dtype=torch.int32, device=device)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         """q: (num_tokens, heads, head_dim); k, v: (num_tokens, kv_heads, head_dim) -> like q."""
