@@ -3,13 +3,17 @@
     python benchmarks/serve_vs_vllm.py [--vllm-python PATH] [--rates 2 4 8 16] [--engine-core process thread]
     python benchmarks/serve_vs_vllm.py --plot-only
 
-1. **Serving.** Each server in turn on a loopback port, over the shipped target (minillm/assets/target,
-   a Qwen2-architecture checkpoint) in float32 with the same slots (--max-num-seqs) and max_model_len:
-   `python -m minillm serve` (for each --engine-core: the core in its own process, chapter 10, or in the
-   server's, chapter 9) and, with --vllm-python, vLLM's OpenAI server. Both are driven by the same load
-   generator, `python -m minillm bench` in a process of its own: at saturation (every request at once),
-   then a Poisson sweep of --rates (requests/s); every request asks for exactly --max-tokens tokens
-   (ignore_eos) of the same seeded prompts (passages of the held-out text).
+1. **Serving.** Every server on a loopback port of its own, all up at once, over the shipped target
+   (minillm/assets/target, a Qwen2-architecture checkpoint) in float32 with the same slots (--max-num-seqs)
+   and max_model_len: `python -m minillm serve` (for each --engine-core: the core in its own process,
+   chapter 10, or in the server's, chapter 9) and, with --vllm-python, vLLM's OpenAI server. They are
+   driven in turns, the order rotating from turn to turn (an idle server waits on its socket), by the same
+   load generator, `python -m minillm bench` in a process of its own: --rounds times at saturation (every
+   request at once; a server's row is its median round, a ratio the median of the rounds' own ratios),
+   then once per rate of a Poisson sweep (--rates, requests/s). Every request asks for exactly
+   --max-tokens tokens (ignore_eos) of the same seeded prompts (passages of the held-out text). The
+   turns matter: this machine drifts by 10-20% over minutes, which one server after another would
+   have put into their ratio.
 2. **Offline.** `LLM.generate` on a mixed workload (--offline-requests prompts of 16 to 512 tokens,
    16 to 256 new tokens each, greedy) against `vllm.LLM` on the same token ids: throughput, and the
    greedy tokens compared request by request. Each engine runs in a fresh process per round, the
@@ -29,11 +33,13 @@ Results: benchmarks/results/serve_vs_vllm.json and .png.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -112,8 +118,9 @@ def server_command(which: str, args, port: int) -> list[str]:
             "--port", str(port), "--engine-core", core, *args.minillm_args.split()]
 
 
-def load_runs(which: str, args, workdir: Path) -> dict:
-    """Start one server, drive it with `minillm bench` (saturation, then the rates), stop it."""
+@contextlib.contextmanager
+def serving(which: str, args, workdir: Path):
+    """One server on a loopback port, up until the block ends; yields its URL."""
     port = free_port()
     log = open(workdir / f"{which}.log", "w")  # noqa: SIM115 (closed in the finally below, after the server)
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"))
@@ -124,18 +131,46 @@ def load_runs(which: str, args, workdir: Path) -> dict:
         started = time.perf_counter()
         wait_healthy(url, server)
         print(f"{which}: ready after {time.perf_counter() - started:.1f} s", flush=True)
-        runs = {}
-        for name, rates, count in (("saturation", ["inf"], args.num_prompts),
-                                   ("sweep", [str(r) for r in args.rates], args.sweep_prompts)):
-            out = workdir / f"{which}-{name}"
-            subprocess.run([sys.executable, "-m", "minillm", "bench", "--url", f"{url}/v1", "--model", MODEL_NAME,
-                            "--rate", *rates, "--num-prompts", str(count), "--max-tokens", str(args.max_tokens),
-                            "--ignore-eos", "--seed", "0", "--out", str(out)], check=True)
-            runs[name] = json.loads(out.with_suffix(".json").read_text())
-        return {"saturation": runs["saturation"][0], "rates": runs["sweep"]}
+        yield url
     finally:
         stop(server)
         log.close()
+
+
+def bench(which: str, url: str, rate: str, count: int, args, out: Path) -> dict:
+    """`minillm bench` in a process of its own against one server, at one rate; its result row."""
+    subprocess.run([sys.executable, "-m", "minillm", "bench", "--url", f"{url}/v1", "--model", MODEL_NAME,
+                    "--rate", rate, "--num-prompts", str(count), "--max-tokens", str(args.max_tokens),
+                    "--ignore-eos", "--seed", "0", "--out", str(out)], check=True)
+    return json.loads(out.with_suffix(".json").read_text())[0]
+
+
+def serve_interleaved(servers: list[str], args, workdir: Path) -> dict:
+    """Every server up at once (an idle one waits on its socket), then driven in turns, the order rotating
+    from one turn to the next: --rounds at saturation, then each rate of the sweep — so that the machine's
+    drift over minutes falls on every server alike instead of on whichever ran last."""
+    with contextlib.ExitStack() as stack:
+        urls = {which: stack.enter_context(serving(which, args, workdir)) for which in servers}
+        saturation: dict[str, list[dict]] = {which: [] for which in servers}
+        rates: dict[str, list[dict]] = {which: [] for which in servers}
+        turn = 0
+        for round_ in range(args.rounds):
+            for which in servers[turn % len(servers):] + servers[: turn % len(servers)]:
+                print(f"saturation, round {round_ + 1} of {args.rounds}: {which}", flush=True)
+                out = workdir / f"{which}-saturation-{round_}"
+                saturation[which].append(bench(which, urls[which], "inf", args.num_prompts, args, out))
+            turn += 1
+        for rate in args.rates:
+            for which in servers[turn % len(servers):] + servers[: turn % len(servers)]:
+                out = workdir / f"{which}-rate-{rate:g}"
+                rates[which].append(bench(which, urls[which], str(rate), args.sweep_prompts, args, out))
+            turn += 1
+    results = {}
+    for which in servers:
+        runs = sorted(saturation[which], key=lambda r: r["output_token_throughput"])
+        results[which] = {"saturation": runs[len(runs) // 2], "saturation_rounds": saturation[which],
+                          "rates": rates[which]}
+    return results
 
 
 def offline_workload(args) -> tuple[list[list[int]], list[int]]:
@@ -243,9 +278,9 @@ def run(args) -> dict:
         results["vllm_version"] = version.stdout.strip().splitlines()[-1] if version.returncode == 0 else None
     partial = Path(args.out).with_suffix(".partial.json")  # what finished, should a later phase fail
     with tempfile.TemporaryDirectory() as tmp:
-        for which in servers:
-            results["servers"][which] = load_runs(which, args, Path(tmp))
-            partial.write_text(json.dumps(results, indent=2) + "\n")
+        results["servers"] = serve_interleaved(servers, args, Path(tmp))
+        results["saturation_rounds"] = args.rounds
+        partial.write_text(json.dumps(results, indent=2) + "\n")
     if not args.skip_offline:
         results["offline"] = offline(args)
     partial.unlink(missing_ok=True)
@@ -271,8 +306,13 @@ def ratios(results: dict) -> dict:
     for name, row in servers.items():
         if name == "vllm" or vllm is None:
             continue
-        mine = row["saturation"]["output_token_throughput"]
-        out[f"{name}_saturation_vs_vllm"] = mine / vllm["saturation"]["output_token_throughput"]
+        if "saturation_rounds" in row and "saturation_rounds" in vllm:  # the median of the rounds' own ratios
+            out[f"{name}_saturation_vs_vllm"] = statistics.median(
+                mine["output_token_throughput"] / theirs["output_token_throughput"]
+                for mine, theirs in zip(row["saturation_rounds"], vllm["saturation_rounds"]))
+        else:
+            out[f"{name}_saturation_vs_vllm"] = (row["saturation"]["output_token_throughput"]
+                                                  / vllm["saturation"]["output_token_throughput"])
         held = [r for r in vllm["rates"] if r["ttft_s"]["p50"] is not None and r["ttft_s"]["p50"] < 0.1]
         if held:
             top = max(held, key=lambda r: float(r["rate"]))
@@ -333,7 +373,8 @@ def main() -> None:
     parser.add_argument("--engine-core", nargs="*", choices=("process", "thread"), default=["process", "thread"])
     parser.add_argument("--minillm-args", default="", help="more `minillm serve` flags, e.g. '--compile'")
     parser.add_argument("--rates", type=float, nargs="+", default=[2, 4, 8, 16])
-    parser.add_argument("--num-prompts", type=int, default=200, help="requests of the saturation run")
+    parser.add_argument("--num-prompts", type=int, default=200, help="requests of each saturation run")
+    parser.add_argument("--rounds", type=int, default=3, help="saturation runs per server, the servers in turns")
     parser.add_argument("--sweep-prompts", type=int, default=100, help="requests per rate of the sweep")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--slots", type=int, default=32)
