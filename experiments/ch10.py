@@ -336,12 +336,22 @@ def servers_in(saved: dict) -> list[str]:
     return [name for name in SERVERS if name in saved.get("servers", {})]
 
 
+def saturation_ratio(saved: dict, name: str, other: str) -> float:
+    """`name`'s output tok/s at saturation over `other`'s: with rounds (the servers driven in turns), the
+    median of the rounds' own ratios — two runs moments apart — else the ratio of their rows."""
+    a, b = saved["servers"][name], saved["servers"][other]
+    if a.get("saturation_rounds") and len(a["saturation_rounds"]) == len(b.get("saturation_rounds", ())):
+        return statistics.median(x["output_token_throughput"] / y["output_token_throughput"]
+                                 for x, y in zip(a["saturation_rounds"], b["saturation_rounds"]))
+    return a["saturation"]["output_token_throughput"] / b["saturation"]["output_token_throughput"]
+
+
 def saturation_rows(saved: dict) -> list[list[str]]:
-    """One row per server at saturation: output tok/s, against vLLM's, TTFT p50, TPOT p50, ITL p99."""
+    """One row per server at saturation (its median round): output tok/s, against vLLM's, TTFT p50, TPOT p50,
+    ITL p99."""
     runs = {name: saved["servers"][name]["saturation"] for name in servers_in(saved)}
-    vllm = runs.get("vllm", {}).get("output_token_throughput")
     return [[SERVERS[name], f"{r['output_token_throughput']:,.0f}",
-             f"{r['output_token_throughput'] / vllm:.2f}x" if vllm else "-", f"{r['ttft_s']['p50']:.2f} s",
+             f"{saturation_ratio(saved, name, 'vllm'):.2f}x" if "vllm" in runs else "-", f"{r['ttft_s']['p50']:.2f} s",
              f"{r['tpot_s']['p50'] * 1e3:.1f} ms", f"{r['itl_s']['p99'] * 1e3:.1f} ms"] for name, r in runs.items()]
 
 
@@ -376,19 +386,24 @@ def highest_rate_held(saved: dict, name: str) -> float | None:
     return max(held, default=None)
 
 
+def _rounds(saved: dict) -> str:
+    rounds = saved.get("saturation_rounds")
+    return f" (the median of {rounds} rounds' ratios, the servers driven in turns)" if rounds else ""
+
+
 def versus_vllm_words(saved: dict, overhead: dict | None) -> str:
     """What the saved numbers say, computed from them (they are re-measured from time to time)."""
     sat = {name: saved["servers"][name]["saturation"]["output_token_throughput"] for name in servers_in(saved)}
     words = []
     if "minillm-process" in sat and "minillm-thread" in sat:
-        split = sat["minillm-process"] / sat["minillm-thread"]
+        split = saturation_ratio(saved, "minillm-process", "minillm-thread")
         words.append(f"At saturation our server delivered {sat['minillm-process']:,.0f} output tok/s with its engine "
                      f"core in a process of its own, {sat['minillm-thread']:,.0f} with the engine in the server's "
-                     f"process: {_compare(split, 'more', 'less')} with the split.")
+                     f"process: {_compare(split, 'more', 'less')} with the split{_rounds(saved)}.")
     if "vllm" in sat:
-        best = max((n for n in sat if n != "vllm"), key=sat.get, default=None)
+        best = max((n for n in sat if n != "vllm"), key=lambda n: saturation_ratio(saved, n, "vllm"), default=None)
         if best is not None:
-            served = sat[best] / sat["vllm"]
+            served = saturation_ratio(saved, best, "vllm")
             words.append(f"vLLM {saved.get('vllm_version', '')} served {sat['vllm']:,.0f} tok/s: our better mode "
                          f"({SERVERS[best]}) reached {served:.2f}x of it.")
             engines = saved.get("offline", {}).get("engines", {})

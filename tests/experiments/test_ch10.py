@@ -87,6 +87,8 @@ def _saved(process: float, thread: float, vllm: float | None, offline: tuple[flo
             saved["servers"].pop(name)
         else:
             saved["servers"][name]["saturation"]["output_token_throughput"] = value
+            saved["servers"][name].pop("saturation_rounds", None)  # one run each: the ratios of the rows
+    saved.pop("saturation_rounds", None)
     saved["offline"]["engines"]["minillm"]["output_token_throughput"] = offline[0]
     saved["offline"]["engines"]["vllm"]["output_token_throughput"] = offline[1]
     return saved
@@ -165,3 +167,17 @@ def test_a_machine_busy_before_recording_withholds_the_verdict_though_the_runs_s
     assert before.info["busy"].startswith("before it, other programs kept") and after.info["busy"]
     words = ch10.compare_words(before, after)
     assert words.startswith("⚠ Other programs were busy") and "Here the split paid" not in words
+
+
+def test_with_rounds_a_saturation_ratio_is_the_median_of_the_rounds_own_ratios():
+    saved = _saved(1000, 1000, 1000)
+    rounds = {"minillm-process": [900, 1650, 1740], "minillm-thread": [1200, 1700, 1800], "vllm": [1000, 1500, 1700]}
+    for name, values in rounds.items():
+        saved["servers"][name]["saturation_rounds"] = [{"output_token_throughput": v} for v in values]
+    saved["saturation_rounds"] = 3
+    # process over vLLM, round by round: 0.90, 1.10, 1.02 -> 1.02 (the ratio of the median rows would say 1.0)
+    assert ch10.saturation_ratio(saved, "minillm-process", "vllm") == pytest.approx(1740 / 1700)
+    assert [row[2] for row in ch10.saturation_rows(saved)] == ["1.13x", "1.02x", "1.00x"]  # thread, process, vLLM
+    words = ch10.versus_vllm_words(saved, None)
+    assert "with the split (the median of 3 rounds' ratios, the servers driven in turns)" in words
+    assert "our better mode (minillm, engine in the server's process) reached 1.13x" in words
