@@ -1,0 +1,113 @@
+"""Compiling constraints against the tokenizer, and the matcher each request walks its output with.
+
+The library is xgrammar (vLLM's default backend; SGLang's too): it turns a JSON schema, a regex or an
+EBNF grammar into a pushdown automaton over the tokenizer's vocabulary, and per step fills a bitmask
+of the tokens allowed next (one bit per token) in a few µs, precomputing what it can per automaton
+state. Compiling takes milliseconds to seconds for a large schema, so it runs on a worker thread,
+once per distinct constraint: `submit` returns a future that every request with an equal constraint
+shares, and the step loop never waits for it (a request waits in the queue until its grammar is
+ready — what vLLM does too).
+
+    compiler = GrammarCompiler(tokenizer, vocab_size, eos_token_ids)
+    grammar = compiler.submit(StructuredOutput(regex=r"[0-9]+")).result()
+    matcher = Matcher(grammar)            one per request (per sample)
+    matcher.fill(bitmask, row)            the tokens allowed next, into row `row` of a step's bitmask
+    matcher.accept(token)                 advance by the token the sampler chose
+    matcher.rollback(n)                   undo the last n (guesses the target refused)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+import xgrammar as xgr
+
+from minillm.structured.constraint import StructuredOutput
+
+
+class GrammarCompiler:
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: Iterable[int] = ()):
+        stop = sorted(set(eos_token_ids)) or None
+        self.info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop)
+        self.vocab_size = vocab_size
+        self._compiler = xgr.GrammarCompiler(self.info, max_threads=1)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-compile")
+        self._futures: dict[tuple[str, str], Future] = {}
+        self._lock = threading.Lock()
+
+    def submit(self, constraint: StructuredOutput) -> Future:
+        """The compiled grammar of `constraint`, as a future: compiled once on the worker thread,
+        shared by every equal constraint. A malformed one fails its future with a ValueError that
+        gives the library's reason."""
+        with self._lock:
+            future = self._futures.get(constraint.key)
+            if future is None:
+                future = self._futures[constraint.key] = self._pool.submit(self._compile, constraint)
+            return future
+
+    def compile(self, constraint: StructuredOutput) -> xgr.CompiledGrammar:
+        """`submit(constraint).result()`: waits for it."""
+        return self.submit(constraint).result()
+
+    def _compile(self, constraint: StructuredOutput) -> xgr.CompiledGrammar:
+        kind = constraint.kind
+        try:
+            if kind == "json":
+                return self._compiler.compile_json_schema(json.dumps(constraint.json), any_whitespace=False)
+            if kind == "json_object":
+                return self._compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
+            if kind == "regex":
+                return self._compiler.compile_regex(constraint.regex)
+            if kind == "choice":  # one EBNF alternative per string, each a JSON-escaped literal
+                alternatives = " | ".join(json.dumps(c, ensure_ascii=False) for c in constraint.choice)
+                return self._compiler.compile_grammar(f"root ::= {alternatives}")
+            return self._compiler.compile_grammar(constraint.grammar)
+        except (RuntimeError, ValueError) as err:
+            lines = str(err).strip().splitlines() or [type(err).__name__]
+            reason = re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", lines[-1])  # without "[time] file.cc:94: "
+            raise ValueError(f"the {kind} constraint could not be compiled: {reason}") from None
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def allocate_bitmask(rows: int, vocab_size: int) -> torch.Tensor:
+    """(rows, ceil(vocab / 32)) int32, every token allowed: the step's mask, one row per sampling row."""
+    return xgr.allocate_token_bitmask(rows, vocab_size)
+
+
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int] | None = None) -> None:
+    """Disallowed tokens' logits to -inf, in place. logits: (n, vocab); `rows`: which of them (default all)."""
+    xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=rows)
+
+
+class Matcher:
+    """One request's walk through its grammar."""
+
+    def __init__(self, grammar: xgr.CompiledGrammar):
+        self._matcher = xgr.GrammarMatcher(grammar)  # rollback is unlimited
+
+    def accept(self, token_id: int) -> bool:
+        """Advance by `token_id`; False (and no change) when the grammar does not allow it."""
+        return self._matcher.accept_token(token_id)
+
+    def rollback(self, num_tokens: int) -> None:
+        self._matcher.rollback(num_tokens)
+
+    def fill(self, bitmask: torch.Tensor, row: int) -> None:
+        """Row `row` of `bitmask`: the tokens allowed next (an end-of-sequence token once complete)."""
+        self._matcher.fill_next_token_bitmask(bitmask, row)
+
+    @property
+    def is_finished(self) -> bool:
+        """The output is complete and its end-of-sequence token accepted."""
+        return self._matcher.is_terminated()
+
+    def jump_forward(self) -> str:
+        """The text every allowed continuation starts with (empty when there is a choice to make)."""
+        return self._matcher.find_jump_forward_string()
