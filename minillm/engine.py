@@ -224,7 +224,8 @@ class LLMEngine:
                              f"max_model_len ({self.max_model_len})")
         return draft
 
-    def _make_proposer(self, draft_cache) -> NgramProposer | DraftModelProposer | None:
+    def _make_proposer(self, draft_cache: ContiguousKVCache | PagedKVCache | None
+                       ) -> NgramProposer | DraftModelProposer | None:
         """Speculative decoding's proposer (chapter 7): n-gram lookup, or the draft model on its cache."""
         spec = self.config.speculative
         if spec is None:

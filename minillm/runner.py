@@ -208,4 +208,3 @@ class ModelRunner:
         if proposal is not None and proposal.probs is not None and proposal.token_ids[: len(drafted)] == list(drafted):
             q = proposal.probs[: len(drafted)]
         return accept_sampled(drafted, sampler.probs(start, n), q, generator)
-
