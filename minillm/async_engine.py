@@ -42,6 +42,7 @@ from minillm.logprobs import TokenLogprob
 from minillm.model.loader import load
 from minillm.prompts import check_text_length, encode_prompt, longest_token_chars
 from minillm.sampling import SamplingParams
+from minillm.structured.manager import GRAMMAR_WAIT_S
 from minillm.timeline import Timeline, instrument, span
 
 logger = logging.getLogger("minillm")
@@ -326,7 +327,9 @@ class AsyncLLM:
                         self._apply_queued()
                     if not self.engine.has_unfinished():
                         return
-                    updates = self.engine.step()  # on the event loop's thread: see the module's docstring
+                    compiling = self.engine.waiting_for_grammars()  # nothing to step until one is compiled
+                    updates = self.engine.step() if not compiling else []  # on the event loop's thread: see
+                    #                                                        the module's docstring
                     for update in updates:
                         stream = self._streams.get(update.request_id)
                         if stream is not None and (update.delta or update.token_ids or update.sample_finished):
@@ -334,6 +337,10 @@ class AsyncLLM:
                         if update.finished:
                             self._deliver(update.request_id)
                 try:
+                    if compiling:  # the loop runs meanwhile; a submission or an abort wakes nobody, but is
+                        #            taken within GRAMMAR_WAIT_S
+                        await asyncio.wait([asyncio.wrap_future(f) for f in compiling], timeout=GRAMMAR_WAIT_S,
+                                           return_when=asyncio.FIRST_COMPLETED)
                     await _let_the_loop_run()  # its other work between steps: I/O, submissions, aborts
                 except asyncio.CancelledError:  # the event loop is shutting down: nobody will await these
                     with lock:

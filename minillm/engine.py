@@ -54,6 +54,7 @@ from minillm.scheduler import ContinuousScheduler, SchedulerOutput, StaticSchedu
 from minillm.scheduler.admission import refusal
 from minillm.speculative.proposers import DraftModelProposer, NgramProposer, Proposal
 from minillm.stopping import stop_reason
+from minillm.structured.manager import StructuredOutputManager
 from minillm.trace import SlotState, StepRecord, Trace
 
 logger = logging.getLogger("minillm")
@@ -143,6 +144,7 @@ class LLMEngine:
         self.scheduler = scheduler_cls(config.max_num_seqs, self.max_model_len, config.max_tokens_per_step, self.pool,
                                        chunk)
         self.runner = ModelRunner(model, self.cache, self._make_recorded_decode())
+        self.structured = StructuredOutputManager(tokenizer, model.config.vocab_size, model.config.eos_token_ids)
         self.speculation_counts = {"passes": 0, "drafted": 0, "examined": 0, "accepted": 0, "emitted": 0}
         self.num_preemptions = 0  # since the engine started (the trace keeps only recent steps)
         self.requests: dict[str, Request] = {}
@@ -295,6 +297,13 @@ class LLMEngine:
                                     sample_index=i) for i, sample_id in enumerate(sample_ids, start=1)]
         if params.prompt_logprobs is not None:
             request.prompt_logprobs = [None]  # the first token has no context to be predicted from
+        if params.structured is not None:  # compiles off the step loop; the request waits until it is ready
+            try:
+                self.structured.submit(request)
+            except ValueError:
+                raise
+            except Exception as err:  # the grammar library cannot work with this tokenizer, say
+                raise ValueError(f"structured outputs are unavailable: {type(err).__name__}: {err}") from err
         for sample in request.samples:
             if self.detokenize:
                 self.detokenizers[sample.request_id] = IncrementalDetokenizer.for_request(self.tokenizer, ids, params)
@@ -417,6 +426,8 @@ class LLMEngine:
 
     def _step(self) -> list[StepUpdate]:
         start = time.perf_counter()
+        if not self._ready_grammars():
+            return []
         self._offer_guesses()
         output = self.scheduler.schedule()
         self.num_preemptions += len(output.preempted_ids)
@@ -439,8 +450,9 @@ class LLMEngine:
             delivered[request.request_id] = request.num_output_tokens - before
         updates = self._mark_finished(updates)
         speculation = self._count_speculation(output, result, delivered)
-        if output.is_empty and self.scheduler.waiting and not self.scheduler.running:
-            self._refuse_stuck(self.scheduler.waiting[0])
+        stuck = next((r for r in self.scheduler.waiting if r.is_ready), None)
+        if output.is_empty and stuck is not None and not self.scheduler.running:
+            self._refuse_stuck(stuck)
         self._forget_drafts()
         self._record(output, start, now, speculation, result.bucket)
         return updates
@@ -455,6 +467,28 @@ class LLMEngine:
         last = {u.request_id: i for i, u in enumerate(updates)}
         return [dataclasses.replace(u, finished=last[u.request_id] == i and self.is_done(u.request_id))
                 for i, u in enumerate(updates)]
+
+    def _ready_grammars(self) -> bool:
+        """Structured outputs, before scheduling: requests whose grammar has compiled may now be admitted,
+        and one whose grammar failed ends with the reason. When nothing could run but grammars still compile,
+        wait for one a moment; False if there is still nothing to do (the step then does nothing at all)."""
+        waiting = self.scheduler.waiting
+        for _ in range(2):
+            for request, error in self.structured.ready(list(waiting)):
+                self.fail(request.request_id, error)
+            compiling = self.structured.compiling(waiting)
+            if not compiling or self.scheduler.running or any(r.is_ready for r in waiting):
+                return True
+            self.structured.wait(compiling)
+        return False
+
+    def waiting_for_grammars(self) -> list:
+        """The compilations (futures) the engine waits for when nothing else can run: an asynchronous driver
+        awaits these instead of stepping (an empty list while there is anything to step)."""
+        waiting = self.scheduler.waiting
+        if self.scheduler.running or any(r.is_ready for r in waiting):
+            return []
+        return self.structured.compiling(waiting)
 
     def _offer_guesses(self) -> None:
         """Speculative decoding, before scheduling: how many guesses each decoding request could verify
@@ -574,9 +608,19 @@ class LLMEngine:
                 del request.output_logprobs[index + 1 :]
                 self.fail(request.request_id, err)
                 return text
+            if request.matcher is not None:  # structured outputs: the grammar follows; complete, it stops
+                try:
+                    self.structured.advance(request, so_far[-1])
+                except ValueError as err:
+                    del request.output_token_ids[index:]
+                    del request.output_logprobs[index:]
+                    self.fail(request.request_id, err)
+                    return text
             reason = stop_reason(so_far, request.num_prompt_tokens, request.params,
                                  self.model.config.eos_token_ids, self.max_model_len,
                                  stop_string_found=detok is not None and detok.stopped_by is not None)
+            if request.matcher is not None and request.matcher.is_finished:
+                reason = "stop"
             if reason is not None:  # an error while retiring it is the engine's, not the request's: it propagates
                 del request.output_token_ids[index + 1 :]  # guesses kept past the stop are not the request's
                 del request.output_logprobs[index + 1 :]

@@ -57,6 +57,8 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at its first admission (chapter 5)
     max_guesses: int = 0  # the most guesses it may verify this step, offered before scheduling (chapter 7)
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)  # per prompt token, as computed
+    grammar: Any = None  # a structured output's compiled grammar, as a Future while it compiles (chapter 11)
+    matcher: Any = None  # ...and once compiled, this sample's walk through it (minillm/structured/grammars.py)
 
     # --- output: filled as it produces tokens and when it ends -----------------------------------
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
@@ -84,6 +86,12 @@ class Request:
         """Speculative decoding: how many of `k` guesses this decoding request may verify — never past
         its max_new_tokens or the context (the target's own token comes on top)."""
         return min(k, self.params.max_new_tokens - self.num_output_tokens - 1, max_model_len - self.num_tokens)
+
+    @property
+    def is_ready(self) -> bool:
+        """Whether it may be admitted: a request with a structured output waits until its grammar is
+        compiled (and its matcher made)."""
+        return self.grammar is None or self.matcher is not None
 
     @property
     def samples(self) -> list[Request]:

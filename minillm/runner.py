@@ -37,6 +37,7 @@ from minillm.sampling import SamplingParams
 from minillm.scheduler.output import ScheduledChunk, SchedulerOutput
 from minillm.speculative.acceptance import accept_greedy, accept_sampled
 from minillm.speculative.proposers import Proposal
+from minillm.structured.step_masks import StepMasks
 
 
 @dataclass
@@ -168,7 +169,8 @@ class ModelRunner:
             first += chunk.num_drafts + 1
         if logit_rows != list(range(len(logits))):
             logits = logits[logit_rows]  # (len(rows), vocab): a forking chunk's row repeated
-        sampler = StepSampler(logits, rows, self.model.config.eos_token_ids)
+        sampler = StepSampler(logits, rows, self.model.config.eos_token_ids, self._masks(owners, len(rows),
+                                                                                         logits.shape[-1]))
         single = [start + i for chunk, start, ids in owners if not chunk.num_drafts for i in range(len(ids))]
         tokens, failed_rows = sampler.tokens(single)
         logprob_rows: list[tuple[str, int, int]] = []  # (sample id, sampling row, token) whose logprob is asked
@@ -194,6 +196,23 @@ class ModelRunner:
                                       [self.sampling[sid][0].logprobs for sid, _, _ in logprob_rows])
             for (sample_id, _, _), entry in zip(logprob_rows, computed):
                 result.logprobs.setdefault(sample_id, []).append(entry)
+
+    def _masks(self, owners: list[tuple[ScheduledChunk, int, list[str]]], num_rows: int,
+               vocab_size: int) -> StepMasks | None:
+        """Structured outputs (chapter 11): the step's bitmask, a row per sampling row of a request with a
+        grammar — after each guess prefix for a verifying chunk. None when no row has a grammar."""
+        masks = None
+        for chunk, start, ids in owners:
+            for i, sample_id in enumerate(ids):
+                matcher = self.requests[sample_id].matcher
+                if matcher is None:
+                    continue
+                masks = masks or StepMasks(num_rows, vocab_size)
+                if i == 0:
+                    masks.fill(start, matcher, chunk.draft_token_ids)
+                else:  # a sample forking from the chunk: its own first token, from its own matcher
+                    masks.fill(start + chunk.num_drafts + i, matcher)
+        return masks
 
     def _verify(self, chunk: ScheduledChunk, sampler: StepSampler, start: int,
                 proposals: Mapping[str, Proposal] | None) -> list[int]:

@@ -3,6 +3,7 @@ settings applied to the whole batch at once, in one fixed order, with one copy t
 
     raw logits (rows, vocab) ──► logprobs reported from here (minillm/logprobs.py)
       ─► bias, penalties, min_tokens                       (minillm/logits_processors.py)
+      ─► structured outputs: the grammars' bitmask          (minillm/structured/step_masks.py)
       ─► greedy rows: one argmax over every row
       ─► sampling rows: / temperature ─► top-k ─► top-p ─► min-p, each row with its own values
                         ─► softmax ─► one draw per row from the row's own seeded generator
@@ -23,6 +24,7 @@ import torch
 
 from minillm.logits_processors import RowHistory, process_logits
 from minillm.sampling import SamplingParams
+from minillm.structured.step_masks import StepMasks
 
 
 @dataclass(frozen=True)
@@ -71,9 +73,14 @@ class StepSampler:
     """A step's rows, processed once: the argmax of every row, and the distributions of the rows
     that sample. The runner reads tokens from it, or (speculative decoding) the rows' distributions."""
 
-    def __init__(self, logits: torch.Tensor, rows: Sequence[SamplingRow], eos_token_ids: Collection[int]):
+    def __init__(self, logits: torch.Tensor, rows: Sequence[SamplingRow], eos_token_ids: Collection[int],
+                 masks: StepMasks | None = None):
         self.rows = rows
         processed = process_logits(logits.float(), rows, eos_token_ids)  # (rows, vocab)
+        if masks is not None:  # after the penalties, before temperature and the filters
+            if processed is logits:
+                processed = processed.clone()  # the raw logits stay as they were: logprobs read them
+            masks.apply(processed)
         self.argmax: list[int] = processed.argmax(dim=-1).tolist()
         sampling = [i for i, r in enumerate(rows) if not r.params.greedy]
         self._position = {row: j for j, row in enumerate(sampling)}

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from minillm.structured.constraint import StructuredOutput
+
 SAMPLING_EPS = 1e-5
 """Temperatures below this are greedy: dividing logits by a smaller one overflows float32, and
 sampling that sharp is argmax anyway (vLLM draws the same line)."""
@@ -54,6 +56,7 @@ class SamplingParams:
 
         raw logits ─► logprobs reported (the model's own log-softmax)
                    ─► logit_bias ─► repetition, frequency, presence penalties ─► min_tokens mask
+                   ─► the structured output's mask (tokens its grammar refuses next: -inf)
                    ─► argmax (greedy)  or  / temperature ─► top-k ─► top-p ─► min-p ─► draw (seeded)
     """
 
@@ -77,6 +80,8 @@ class SamplingParams:
     logprobs: int | None = None  # report each new token's logprob and this many most likely alternatives
     prompt_logprobs: int | None = None  # the same for every prompt token (the first has none); such a request
     #                                     computes its whole prompt: a prefix-cache hit would skip positions
+    structured: StructuredOutput | None = None  # the output must match it (chapter 11): a JSON schema, a regex,
+    #                                             a choice, a grammar — a dict of StructuredOutput's fields works
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -125,6 +130,11 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and (not is_int(value) or not 0 <= value <= MAX_LOGPROBS):
                 raise ValueError(f"{name} must be an integer in [0, {MAX_LOGPROBS}] or None, got {value!r}")
+        if self.structured is not None:
+            object.__setattr__(self, "structured", StructuredOutput.coerce(self.structured))
+            if self.min_tokens > 0:  # once the grammar is complete only EOS is allowed, which min_tokens masks
+                raise ValueError("min_tokens cannot be combined with a structured output: the grammar decides "
+                                 "where the output ends")
         # numpy scalars become plain Python values: equal params compare and hash equal
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
             object.__setattr__(self, name, float(getattr(self, name)))

@@ -55,8 +55,15 @@ class ContinuousScheduler(Scheduler):
             chunks.append(self._chunk(request, grant))
             budget -= grant
         # admit while slots, budget and blocks allow (not in a step that had to preempt: no thrashing)
-        while self.waiting and len(self.free_slots) >= self.slots_needed(self.waiting[0]) and not preempted:
-            request = self.waiting[0]
+        # (a request whose structured output's grammar is still compiling waits, and lets others pass)
+        passed = 0  # waiting requests passed over
+        while len(self.waiting) > passed and not preempted:
+            request = self.waiting[passed]
+            if not request.is_ready:
+                passed += 1
+                continue
+            if len(self.free_slots) < self.slots_needed(request):
+                break
             # a request that wants every prompt token's logprob computes every one of them: no hit
             lookup = self.pool is not None and not request.wants_prompt_logits
             cached = self.pool.find_cached(request.all_token_ids) if lookup else []
@@ -64,7 +71,7 @@ class ContinuousScheduler(Scheduler):
             grant = self._grant(request.num_tokens - hit, budget)
             if grant == 0 or (self.pool is not None and not self.pool.can_allocate(request.num_tokens, cached)):
                 break
-            self.waiting.popleft()
+            del self.waiting[passed]
             self._admit(request)
             if self.pool is not None:  # blocks for every token now: a prefill in progress never waits for memory
                 self.pool.allocate(request.request_id, request.num_tokens, cached,

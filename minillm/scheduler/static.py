@@ -26,8 +26,15 @@ class StaticScheduler(Scheduler):
         new = []
         if not self.running:  # the last batch is done (its slots came back): a new batch forms
             budget = self.max_tokens_per_step
-            while self.waiting and self.free_slots and self.waiting[0].num_uncomputed_tokens <= budget:
-                request = self.waiting.popleft()
+            passed = 0  # waiting requests passed over: their structured output's grammar is still compiling
+            while len(self.waiting) > passed and self.free_slots:
+                request = self.waiting[passed]
+                if not request.is_ready:
+                    passed += 1
+                    continue
+                if request.num_uncomputed_tokens > budget:
+                    break
+                del self.waiting[passed]
                 budget -= request.num_uncomputed_tokens
                 self._admit(request)
                 self.batch.append(request)

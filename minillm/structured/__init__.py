@@ -4,9 +4,22 @@ several strings or a grammar, enforced by a mask over the vocabulary at every st
     constraint.py   what a request asks for (`StructuredOutput`), checked when it is made
     grammars.py     compiling it against the tokenizer (xgrammar), once per distinct constraint and
                     off the step loop; the per-request matcher that walks the output and fills the mask
+    manager.py      the engine's side: a request waits until its grammar is compiled, gets one
+                    matcher per sample, and its matcher follows every token it keeps
+    step_masks.py   one step's bitmask: a row per sampling row, guesses' rows after their prefixes
+
+The grammar library (xgrammar, which imports transformers) loads only when a constraint is first
+compiled: an engine that never sees one never pays for it.
 """
 
 from minillm.structured.constraint import StructuredOutput
-from minillm.structured.grammars import GrammarCompiler, Matcher
 
 __all__ = ["GrammarCompiler", "Matcher", "StructuredOutput"]
+
+
+def __getattr__(name: str):
+    if name in ("GrammarCompiler", "Matcher"):
+        from minillm.structured import grammars
+
+        return getattr(grammars, name)
+    raise AttributeError(f"module 'minillm.structured' has no attribute {name!r}")

@@ -14,11 +14,12 @@ KINDS = ("json", "json_object", "regex", "choice", "grammar")
 MAX_TEXT_CHARS = 100_000  # a schema, regex or grammar longer than this is refused before compiling
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class StructuredOutput:
     """Set exactly one: `json` (a JSON schema, a dict or its JSON text), `json_object=True` (any JSON
     object), `regex` (the whole output matches it), `choice` (the output is one of these strings),
-    `grammar` (an EBNF grammar in xgrammar's dialect, its start rule `root`)."""
+    `grammar` (an EBNF grammar in xgrammar's dialect, its start rule `root`). Equal constraints (by
+    `key`) compare and hash equal, so `SamplingParams` holding them do too."""
 
     json: dict | str | None = None
     json_object: bool = False
@@ -56,6 +57,24 @@ class StructuredOutput:
         if len(self.key[1]) > MAX_TEXT_CHARS:
             raise ValueError(f"the {self.kind} is {len(self.key[1]):,} characters long; at most "
                              f"{MAX_TEXT_CHARS:,} are accepted")
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, StructuredOutput) and self.key == other.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    @classmethod
+    def coerce(cls, value) -> StructuredOutput:
+        """A StructuredOutput, or a dict of its fields ({"regex": "[0-9]+"}) made into one."""
+        if isinstance(value, StructuredOutput):
+            return value
+        if isinstance(value, dict):
+            unknown = sorted(set(value) - set(KINDS))
+            if unknown:
+                raise ValueError(f"structured output fields are {', '.join(KINDS)}; got {', '.join(unknown)}")
+            return cls(**value)
+        raise ValueError(f"structured must be a StructuredOutput or a dict of its fields, got {type(value).__name__}")
 
     @property
     def kind(self) -> str:

@@ -3,7 +3,7 @@
 The library is xgrammar (vLLM's default backend; SGLang's too): it turns a JSON schema, a regex or an
 EBNF grammar into a pushdown automaton over the tokenizer's vocabulary, and per step fills a bitmask
 of the tokens allowed next (one bit per token) in a few µs, precomputing what it can per automaton
-state. Compiling takes milliseconds to seconds for a large schema, so it runs on a worker thread,
+state. Compiling takes milliseconds to seconds for a large schema, so it runs on worker threads,
 once per distinct constraint: `submit` returns a future that every request with an equal constraint
 shares, and the step loop never waits for it (a request waits in the queue until its grammar is
 ready — what vLLM does too).
@@ -29,6 +29,8 @@ import xgrammar as xgr
 
 from minillm.structured.constraint import StructuredOutput
 
+COMPILE_WORKERS = 4
+
 
 class GrammarCompiler:
     def __init__(self, tokenizer, vocab_size: int, eos_token_ids: Iterable[int] = ()):
@@ -36,7 +38,8 @@ class GrammarCompiler:
         self.info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop)
         self.vocab_size = vocab_size
         self._compiler = xgr.GrammarCompiler(self.info, max_threads=1)
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-compile")
+        # several workers: a constraint that takes long to compile holds up only requests with that constraint
+        self._pool = ThreadPoolExecutor(max_workers=COMPILE_WORKERS, thread_name_prefix="grammar-compile")
         self._futures: dict[tuple[str, str], Future] = {}
         self._lock = threading.Lock()
 
