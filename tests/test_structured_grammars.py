@@ -127,3 +127,26 @@ def test_what_the_library_cannot_compile_fails_its_future_with_the_reason(shippe
     future = shipped[0].submit(constraint)
     with pytest.raises(ValueError, match=re.escape(reason)):
         future.result()
+
+
+@pytest.mark.parametrize("vocab", [4096, 4001, 33])
+def test_the_c_mask_loop_masks_exactly_what_the_library_does(vocab):
+    """minillm/structured/csrc/bitmask.c against xgrammar's own routine: random bitmasks (and words all ones,
+    all zeros), a vocabulary that ends inside a word, a subset of the rows, a strided logits view."""
+    import xgrammar as xgr
+
+    from minillm.structured.grammars import _bitmask_library
+
+    assert not isinstance(_bitmask_library(), str), _bitmask_library()  # the C loop is what runs here
+    generator = torch.Generator().manual_seed(vocab)
+    words = -(-vocab // 32)
+    bitmask = torch.randint(-2**31, 2**31 - 1, (6, words), dtype=torch.int32, generator=generator)
+    bitmask[1] = -1  # every token allowed
+    bitmask[2] = 0  # none
+    bitmask[3, ::2] = -1
+    wide = torch.randn(6, vocab + 7, generator=generator)
+    for rows in ([0, 1, 2, 3, 4, 5], [5, 2, 0], []):
+        mine, theirs = wide.clone()[:, :vocab], wide.clone()[:, :vocab]
+        apply_bitmask(mine, bitmask, rows)
+        xgr.apply_token_bitmask_inplace(theirs, bitmask, indices=rows or None) if rows else None
+        assert torch.equal(mine, theirs)

@@ -18,15 +18,19 @@ ready — what vLLM does too).
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import json
 import re
 import threading
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 import torch
 import xgrammar as xgr
 
+from minillm import native
 from minillm.structured.constraint import StructuredOutput
 
 COMPILE_WORKERS = 4
@@ -85,8 +89,27 @@ def allocate_bitmask(rows: int, vocab_size: int) -> torch.Tensor:
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int] | None = None) -> None:
-    """Disallowed tokens' logits to -inf, in place. logits: (n, vocab); `rows`: which of them (default all)."""
+    """Disallowed tokens' logits to -inf, in place. logits: (n, vocab); `rows`: which of them (default all).
+    On the CPU a small C loop (csrc/bitmask.c) when it builds; elsewhere the library's kernel."""
+    rows = list(range(logits.shape[0])) if rows is None else rows
+    library = _bitmask_library()
+    if (logits.is_cpu and logits.dtype is torch.float32 and logits.stride(-1) == 1 and bitmask.is_contiguous()
+            and not isinstance(library, str)):
+        library.apply_bitmask_f32(logits.data_ptr(), logits.stride(0), bitmask.data_ptr(), bitmask.shape[-1],
+                                  (ctypes.c_long * len(rows))(*rows), len(rows), logits.shape[-1])
+        return
     xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=rows)
+
+
+@functools.cache
+def _bitmask_library() -> ctypes.CDLL | str:
+    """The C mask loop, or why there is none (then the library's routine runs)."""
+    library = native.load(Path(__file__).with_name("csrc") / "bitmask.c")
+    if not isinstance(library, str):
+        _P, _L = ctypes.c_void_p, ctypes.c_long
+        library.apply_bitmask_f32.argtypes = [_P, _L, _P, _L, _P, _L, _L]
+        library.apply_bitmask_f32.restype = None
+    return library
 
 
 class Matcher:
