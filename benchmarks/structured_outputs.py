@@ -15,6 +15,10 @@ ratio is the median over rounds of masked / free. Beside it, the whole run's out
 the figure comparable with vLLM: with --vllm-python, `vllm.LLM` (its CPU build, xgrammar backend) runs
 the same two ways on the same checkpoint and token ids, in its own process, alternating likewise.
 
+Jump-forward (`EngineConfig(jump_forward=True)`): the same 16 requests under a schema with long keys and
+enum values, greedy, in an engine with and one without it, alternating: output tokens per forward pass
+of a request (each request's passes counted from the trace), and the whole run's time.
+
 Results: benchmarks/results/structured_outputs.json and .png.
 """
 
@@ -48,6 +52,10 @@ SCHEMA = {"type": "array", "minItems": 30,
                                                      "role": {"enum": ["king", "queen", "fool", "knight"]}},
                     "required": ["name", "age", "role"], "additionalProperties": False}}
 PROMPT = "The court of KING RICHARD, as a JSON list of records:"
+RECORD = {"type": "object", "properties": {"character_name": {"type": "string", "maxLength": 10},
+                                          "years_of_age": {"type": "integer", "minimum": 0, "maximum": 120},
+                                          "disposition": {"enum": ["melancholy", "choleric", "sanguine"]}},
+          "required": ["character_name", "years_of_age", "disposition"], "additionalProperties": False}
 
 # vllm.LLM the same two ways, in the vLLM venv; prints one JSON line. The guard: vLLM starts worker processes.
 VLLM_SCRIPT = """
@@ -127,6 +135,41 @@ def run_minillm(args, ids: list[int]) -> dict:
     return out
 
 
+def run_jump_forward(args, ids: list[int]) -> dict:
+    model, tokenizer = load()
+    engines = {way: LLMEngine(model, tokenizer, EngineConfig(max_num_seqs=16, max_model_len=args.max_model_len,
+                                                             kv="paged", jump_forward=way == "jump"))
+               for way in ("sampled", "jump")}
+    params = SamplingParams(temperature=0, max_new_tokens=128, structured={"json": RECORD})
+    rounds = {way: [] for way in engines}
+    for r in range(args.rounds + 1):  # the first round warms up (the grammar compiles)
+        for way in (("sampled", "jump") if r % 2 == 0 else ("jump", "sampled")):
+            engine = engines[way]
+            first = engine.trace.next_step
+            start = time.perf_counter()
+            request_ids = [engine.add_request(ids, params).request_id for _ in range(16)]
+            while engine.has_unfinished():
+                engine.step()
+            took = time.perf_counter() - start
+            outputs = [engine.output(i) for i in request_ids]
+            assert all(o.finish_reason == "stop" for o in outputs), [o.finish_reason for o in outputs]
+            for i in request_ids:
+                engine.release(i)
+            request_passes = sum(sum(1 for slot in step.slots if slot is not None and slot.num_tokens)
+                                 for step in engine.trace.steps if step.step >= first)
+            tokens = sum(len(o.token_ids) for o in outputs)
+            if r:
+                rounds[way].append({"seconds": took, "tokens": tokens, "request_passes": request_passes})
+    out = {way: {"tokens_per_pass": median(x["tokens"] / x["request_passes"] for x in rows),
+                 "seconds": median(x["seconds"] for x in rows), "tokens": median(x["tokens"] for x in rows)}
+           for way, rows in rounds.items()}
+    out["time_ratio"] = median(j["seconds"] / s["seconds"] for j, s in zip(rounds["jump"], rounds["sampled"]))
+    out["forced_tokens"] = engines["jump"].jump_forward_tokens
+    print(f"jump-forward: {out['sampled']['tokens_per_pass']:.2f} -> {out['jump']['tokens_per_pass']:.2f} tokens "
+          f"per pass; run time x{out['time_ratio']:.3f}", flush=True)
+    return out
+
+
 def run_vllm(args, ids: list[int]) -> dict:
     job = {"model": str(CHECKPOINT), "prompt": ids, "schema": SCHEMA, "tokens": args.tokens, "rounds": args.rounds,
            "batches": list(BATCHES), "max_model_len": args.max_model_len}
@@ -163,7 +206,8 @@ def main() -> None:
     _, tokenizer = load()
     ids = tokenizer.encode(PROMPT)
     saved = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
-             "tokens": args.tokens, "rounds": args.rounds, "schema": SCHEMA, "minillm": run_minillm(args, ids)}
+             "tokens": args.tokens, "rounds": args.rounds, "schema": SCHEMA, "minillm": run_minillm(args, ids),
+             "jump_forward": run_jump_forward(args, ids)}
     if args.vllm_python:
         version = subprocess.run([args.vllm_python, "-c", "import vllm; print(vllm.__version__)"], capture_output=True,
                                  text=True)

@@ -86,6 +86,7 @@ class EngineConfig:
     trace_max_bytes: int | None = 64 << 20  # ...and no more than about this much memory (None: no bound)
     prefix_cache: bool = False  # reuse cached full KV blocks of earlier requests (chapter 5; paged only)
     speculative: SpeculativeConfig | None = None  # draft tokens and verify them in one pass (chapter 7)
+    jump_forward: bool = False  # structured outputs: text the grammar forces is appended unsampled (chapter 11)
     compile: bool = False  # decode steps through torch.compile, one compiled step per batch bucket (chapter 8)
     cuda_graphs: bool = False  # decode steps as CUDA Graphs, one captured per batch bucket (chapter 8; CUDA)
     graph_batch_sizes: tuple[int, ...] | None = None  # the buckets; None: 1, 2, 4, then steps of 8 to max_num_seqs
@@ -109,7 +110,7 @@ class EngineConfig:
         if (not isinstance(self.gpu_memory_utilization, int | float) or isinstance(self.gpu_memory_utilization, bool)
                 or not 0 < self.gpu_memory_utilization <= 1):
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
-        for name in ("chunked_prefill", "prefix_cache", "compile", "cuda_graphs") + tuple(
+        for name in ("chunked_prefill", "prefix_cache", "compile", "cuda_graphs", "jump_forward") + tuple(
                 name for name in ("use_triton", "use_cpu_kernel") if getattr(self, name) is not None):
             if not is_bool(getattr(self, name)):
                 allowed = "None, True or False" if name in ("use_triton", "use_cpu_kernel") else "True or False"

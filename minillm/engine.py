@@ -146,6 +146,7 @@ class LLMEngine:
         self.runner = ModelRunner(model, self.cache, self._make_recorded_decode())
         self.structured = StructuredOutputManager(tokenizer, model.config.vocab_size, model.config.eos_token_ids)
         self.speculation_counts = {"passes": 0, "drafted": 0, "examined": 0, "accepted": 0, "emitted": 0}
+        self.jump_forward_tokens = 0  # structured outputs' forced tokens appended unsampled (chapter 11)
         self.num_preemptions = 0  # since the engine started (the trace keeps only recent steps)
         self.requests: dict[str, Request] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
@@ -444,6 +445,9 @@ class LLMEngine:
             before = request.num_output_tokens - count
             request.output_logprobs.extend(result.logprobs.get(request.request_id, ()))
             delta = self._emit(request, now, count)
+            forced = self._jump_forward(request) if not request.status.is_done else 0
+            if forced:  # the grammar's forced text: the matcher has it already; it runs in the next pass
+                delta += self._emit(request, now, forced, advance=False)
             updates.append(StepUpdate(self._top(request.request_id).request_id, delta, False, request.sample_index,
                                       request.status.is_done, tuple(request.output_token_ids[before:]),
                                       tuple(request.output_logprobs[before:])))
@@ -588,10 +592,11 @@ class LLMEngine:
             result.failed.update(alone.failed)
         return result
 
-    def _emit(self, request: Request, now: float, count: int = 1) -> str:
+    def _emit(self, request: Request, now: float, count: int = 1, advance: bool = True) -> str:
         """Record the `count` newest tokens of `request` one by one, retire the request at the first
         that ends it (stop strings need the text, so the stop rules are judged here) — tokens after
-        it are dropped, never emitted — and return their new text."""
+        it are dropped, never emitted — and return their new text. `advance`: a structured output's
+        matcher follows them (False: it already has, jump-forward's tokens)."""
         detok = self.detokenizers.get(request.request_id)  # none when the front end detokenizes
         first = request.num_output_tokens - count
         text = ""
@@ -608,7 +613,7 @@ class LLMEngine:
                 del request.output_logprobs[index + 1 :]
                 self.fail(request.request_id, err)
                 return text
-            if request.matcher is not None:  # structured outputs: the grammar follows; complete, it stops
+            if request.matcher is not None and advance:  # structured outputs: the grammar follows; complete, it stops
                 try:
                     self.structured.advance(request, so_far[-1])
                 except ValueError as err:
@@ -632,6 +637,30 @@ class LLMEngine:
                     request.error = f"{type(err).__name__}: {err}"
                 break
         return text
+
+    def _jump_forward(self, request: Request) -> int:
+        """Jump-forward decoding (SGLang's; `EngineConfig.jump_forward`): when the grammar allows exactly one
+        continuation for a while (`{"name": "` after `{`), its text is appended now as tokens, unsampled, and
+        the next pass computes them together with the next token, as one extend chunk. Returns how many.
+
+        The forced text is tokenized on its own, so where it meets the sampled text the tokens may split
+        differently than the tokenizer would split the whole: the text is what the grammar wants, token
+        for token it can differ from what sampling would have chosen. A request asking for logprobs does
+        not jump (forced tokens have no sampled distribution to report)."""
+        if not self.config.jump_forward or request.matcher is None or request.params.logprobs is not None:
+            return 0
+        text = request.matcher.jump_forward()
+        if not text:
+            return 0
+        room = min(request.params.max_new_tokens - request.num_output_tokens, self.max_model_len - request.num_tokens)
+        forced = []
+        for token in self.tokenizer.encode(text, add_special_tokens=False)[:room]:
+            if not request.matcher.accept(token):  # a split the grammar refuses: the rest is sampled
+                break
+            forced.append(token)
+        request.output_token_ids.extend(forced)
+        self.jump_forward_tokens += len(forced)
+        return len(forced)
 
     def _record(self, output: SchedulerOutput, start: float, end: float, speculation: dict | None = None,
                 recorded_batch: int | None = None) -> None:

@@ -297,3 +297,59 @@ def test_structured_params_are_checked_at_the_door():
     b = SamplingParams(structured={"json": '{"properties": {"a": {}}, "required": ["a"], "type": "object"}'})
     assert a == b and hash(a) == hash(b)
     assert dataclasses.replace(a, structured=None) != a
+
+
+# ---------------------------------------------------------------------------------------- jump-forward
+RECORDS = {"type": "object", "properties": {"character_name": {"type": "string", "maxLength": 10},
+                                            "years_of_age": {"type": "integer", "minimum": 0, "maximum": 120},
+                                            "disposition": {"enum": ["melancholy", "choleric", "sanguine"]}},
+           "required": ["character_name", "years_of_age", "disposition"], "additionalProperties": False}
+
+
+def passes(engine: LLMEngine) -> int:
+    """Forward passes that computed anything."""
+    return sum(1 for step in engine.trace.steps if step.num_tokens)
+
+
+def test_jump_forward_appends_the_forced_text_and_saves_passes(shipped):
+    params = [SamplingParams(temperature=0, max_new_tokens=80, structured={"json": RECORDS}) for _ in PROMPTS]
+    plain = make_engine(shipped, kv="paged")
+    jumping = make_engine(shipped, kv="paged", jump_forward=True)
+    without, with_jumps = run(plain, PROMPTS, params), run(jumping, PROMPTS, params)
+    for output in without + with_jumps:
+        assert output.finish_reason == "stop"
+        check(StructuredOutput(json=RECORDS), output.text)
+    assert jumping.jump_forward_tokens > 0
+    tokens = sum(len(o.token_ids) for o in with_jumps)
+    assert tokens / passes(jumping) > sum(len(o.token_ids) for o in without) / passes(plain)
+    # the keys and the enum's forced tails came without sampling: here at least a third of the tokens
+    assert jumping.jump_forward_tokens >= tokens / 3, (jumping.jump_forward_tokens, tokens)
+
+
+@pytest.mark.parametrize("name", ["ngram", "draft", "chunked", "contiguous"])
+def test_jump_forward_tokens_are_the_same_under_every_mechanism(shipped, name):
+    params = [SamplingParams(temperature=0, max_new_tokens=80, structured={"json": RECORDS}),
+              SamplingParams(temperature=0, max_new_tokens=40, structured={"regex": EMAIL}),
+              SamplingParams(temperature=0, max_new_tokens=40),
+              SamplingParams(temperature=0.8, seed=3, max_new_tokens=60, structured={"json": PERSON})]
+    expected = run(make_engine(shipped, kv="paged", jump_forward=True), PROMPTS, params)
+    got = run(make_engine(shipped, jump_forward=True, **CONFIGS[name]), PROMPTS, params)
+    assert [o.token_ids for o in got[:3]] == [o.token_ids for o in expected[:3]]  # greedy: exact
+    for output, p in zip(got, params):
+        assert output.finish_reason in ("stop", "length")
+        if p.structured is not None and output.finish_reason == "stop":
+            check(p.structured, output.text)
+
+
+def test_jump_forward_respects_the_length_limits_and_preemption(shipped):
+    model, _ = shipped
+    params = [SamplingParams(temperature=0, max_new_tokens=n, structured={"json": RECORDS}) for n in (3, 7, 12, 80)]
+    expected = run(make_engine(shipped, kv="paged", jump_forward=True), PROMPTS, params)
+    for output, p in zip(expected, params):
+        assert len(output.token_ids) <= p.max_new_tokens
+        assert output.finish_reason == ("length" if p.max_new_tokens < 50 else "stop")
+    params = [SamplingParams(temperature=0, max_new_tokens=80, structured={"json": RECORDS})] * len(PROMPTS)
+    expected = run(make_engine(shipped, kv="paged", jump_forward=True), PROMPTS, params)
+    tight = make_engine(shipped, kv="paged", jump_forward=True, block_size=8, kv_cache_bytes=paged_budget(model, 8, 13))
+    assert [o.token_ids for o in run(tight, PROMPTS, params)] == [o.token_ids for o in expected]
+    assert tight.num_preemptions > 0
