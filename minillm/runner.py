@@ -220,6 +220,9 @@ class ModelRunner:
         drafted = chunk.draft_token_ids
         params, generator = self.sampling[chunk.request_id]
         n = chunk.num_drafts + 1
+        for row in range(start, start + n):
+            if row in sampler.failed_rows:
+                raise sampler.failed_rows[row]
         if params.greedy:
             return accept_greedy(drafted, sampler.argmax[start : start + n])
         proposal = proposals.get(chunk.request_id) if proposals is not None else None

@@ -81,6 +81,9 @@ class StepSampler:
             if processed is logits:
                 processed = processed.clone()  # the raw logits stay as they were: logprobs read them
             masks.apply(processed)
+        self.failed_rows: dict[int, Exception] = {  # nothing to choose from: the row's request fails, alone
+            row: ValueError("the structured output's grammar allows no token here: the vocabulary cannot continue "
+                            "it") for row in (masks.dead_rows() if masks is not None else ())}
         self.argmax: list[int] = processed.argmax(dim=-1).tolist()
         sampling = [i for i, r in enumerate(rows) if not r.params.greedy]
         self._position = {row: j for j, row in enumerate(sampling)}
@@ -95,9 +98,9 @@ class StepSampler:
     def tokens(self, rows: Sequence[int]) -> tuple[dict[int, int], dict[int, Exception]]:
         """One token for each of `rows`: the argmax, or a draw with the row's generator. A draw that
         raises fails its row alone (the others' generators advance exactly as without it)."""
-        draws, failed = {}, {}
+        draws, failed = {}, {row: self.failed_rows[row] for row in rows if row in self.failed_rows}
         for row in rows:
-            if self.rows[row].params.greedy:
+            if self.rows[row].params.greedy or row in failed:
                 continue
             try:
                 draws[row] = draw(self.probs(row, 1)[0], self.rows[row].generator)

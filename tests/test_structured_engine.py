@@ -353,3 +353,40 @@ def test_jump_forward_respects_the_length_limits_and_preemption(shipped):
     tight = make_engine(shipped, kv="paged", jump_forward=True, block_size=8, kv_cache_bytes=paged_budget(model, 8, 13))
     assert [o.token_ids for o in run(tight, PROMPTS, params)] == [o.token_ids for o in expected]
     assert tight.num_preemptions > 0
+
+
+@pytest.mark.parametrize("speculative", [None, SpeculativeConfig(method="ngram", num_speculative_tokens=3)])
+def test_a_grammar_that_allows_nothing_fails_its_request_alone(shipped, speculative, monkeypatch):
+    """A fault put in the matcher: once 'dead' is written, the mask allows no token (as for a grammar the
+    vocabulary cannot continue). That request ends with an error saying so; the others get exactly their tokens."""
+    from minillm.structured.grammars import Matcher
+
+    fill = Matcher.fill
+
+    def dead_after_four_characters(self, bitmask, row):
+        fill(self, bitmask, row)
+        if getattr(self, "walked", "").startswith("dead"):
+            bitmask[row] = 0
+
+    accept = Matcher.accept
+
+    def remembering(self, token_id):
+        ok = accept(self, token_id)
+        if ok:
+            self.walked = getattr(self, "walked", "") + shipped[1].decode([token_id])
+        return ok
+
+    monkeypatch.setattr(Matcher, "fill", dead_after_four_characters)
+    monkeypatch.setattr(Matcher, "accept", remembering)
+    params = [SamplingParams(temperature=0, max_new_tokens=30, structured={"regex": "dead[a-z]+"}),
+              SamplingParams(temperature=0.7, seed=1, max_new_tokens=30, structured={"regex": "dead[a-z]+"}),
+              SamplingParams(temperature=0, max_new_tokens=30, structured={"regex": EMAIL}),
+              SamplingParams(temperature=0, max_new_tokens=30)]
+    engine = make_engine(shipped, kv="paged", speculative=speculative)
+    outputs = run(engine, PROMPTS, params)
+    for output in outputs[:2]:
+        assert output.finish_reason == "error" and "allows no token" in output.error, (output.text, output.error)
+        assert output.text.startswith("dead") and len(output.text) <= 8
+    monkeypatch.undo()
+    expected = run(make_engine(shipped, kv="paged"), PROMPTS[2:], params[2:])
+    assert [o.token_ids for o in outputs[2:]] == [o.token_ids for o in expected]

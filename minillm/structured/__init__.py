@@ -2,6 +2,7 @@
 several strings or a grammar, enforced by a mask over the vocabulary at every step.
 
     constraint.py   what a request asks for (`StructuredOutput`), checked when it is made
+    backend.py      the two small interfaces the engine needs of a grammar library, and why xgrammar
     grammars.py     compiling it against the tokenizer (xgrammar), once per distinct constraint and
                     off the step loop; the per-request matcher that walks the output and fills the mask
     manager.py      the engine's side: a request waits until its grammar is compiled, gets one

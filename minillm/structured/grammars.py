@@ -1,4 +1,5 @@
-"""Compiling constraints against the tokenizer, and the matcher each request walks its output with.
+"""Compiling constraints against the tokenizer, and the matcher each request walks its output with —
+xgrammar behind the engine's two small interfaces (minillm/structured/backend.py, which says why xgrammar).
 
 The library is xgrammar (vLLM's default backend; SGLang's too): it turns a JSON schema, a regex or an
 EBNF grammar into a pushdown automaton over the tokenizer's vocabulary, and per step fills a bitmask
@@ -78,6 +79,10 @@ class GrammarCompiler:
             lines = str(err).strip().splitlines() or [type(err).__name__]
             reason = re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", lines[-1])  # without "[time] file.cc:94: "
             raise ValueError(f"the {kind} constraint could not be compiled: {reason}") from None
+
+    def matcher(self, grammar: xgr.CompiledGrammar) -> Matcher:
+        """A fresh walk through `grammar` (one per request, per sample)."""
+        return Matcher(grammar)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

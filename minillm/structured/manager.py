@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 from minillm.request import Request
+from minillm.structured.backend import GrammarBackend
 
 GRAMMAR_WAIT_S = 0.05  # the longest an engine with nothing else to do waits for a grammar per step
 
@@ -28,7 +29,7 @@ class StructuredOutputManager:
         self._compiler = None  # made on the first constraint: loading the library costs a second
 
     @property
-    def compiler(self):
+    def compiler(self) -> GrammarBackend:
         if self._compiler is None:
             from minillm.structured.grammars import GrammarCompiler
 
@@ -44,8 +45,6 @@ class StructuredOutputManager:
     def ready(self, waiting: Iterable[Request]) -> list[tuple[Request, BaseException]]:
         """Give every waiting request whose grammar has compiled its matchers (one per sample). Returns
         the requests whose grammar failed to compile, with why."""
-        from minillm.structured.grammars import Matcher
-
         failed = []
         for request in waiting:
             if request.is_ready or not request.grammar.done():
@@ -55,7 +54,7 @@ class StructuredOutputManager:
                 failed.append((request, error))
                 continue
             for sample in request.samples:
-                sample.matcher = Matcher(request.grammar.result())
+                sample.matcher = self.compiler.matcher(request.grammar.result())
         return failed
 
     @staticmethod

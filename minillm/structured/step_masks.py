@@ -40,6 +40,13 @@ class StepMasks:
         if accepted:
             matcher.rollback(accepted)
 
+    def dead_rows(self) -> list[int]:
+        """The masked rows that allow no token at all: a grammar the vocabulary cannot continue."""
+        if not self.rows:
+            return []
+        empty = (self.bitmask[self.rows] == 0).all(dim=-1).tolist()
+        return [row for row, none in zip(self.rows, empty) if none]
+
     def apply(self, logits: torch.Tensor) -> None:
         """Set the refused tokens of the masked rows to -inf, in place. logits: (num_rows, vocab)."""
         if self.rows:
