@@ -134,7 +134,7 @@ def _add_serve(commands) -> None:
                        help="let browser pages from these origins call the API (CORS; '*' for any); off by default")
     serve.add_argument("--default-max-tokens", type=_ranged(int, 1), default=16,
                        help="max_tokens when a request gives none")
-    engine = serve.add_argument_group("engine (chapters 2-8)")
+    engine = serve.add_argument_group("engine (chapters 2-11)")
     engine.add_argument("--batching", choices=("static", "continuous"), default="continuous")
     engine.add_argument("--max-num-seqs", type=int, default=16, help="requests running at once")
     engine.add_argument("--max-model-len", type=int, default=None, help="prompt + output tokens per request")
@@ -147,6 +147,8 @@ def _add_serve(commands) -> None:
     engine.add_argument("--max-tokens-per-prefill-chunk", type=int, default=128)
     engine.add_argument("--speculative", choices=("draft", "ngram"), default=None)
     engine.add_argument("--num-speculative-tokens", type=int, default=4)
+    engine.add_argument("--jump-forward", action="store_true",
+                        help="structured outputs: text the grammar forces is appended unsampled (chapter 11)")
     engine.add_argument("--compile", action="store_true", help="compiled decode steps (CPU or GPU)")
     engine.add_argument("--cuda-graphs", action="store_true", help="CUDA Graphs for decode steps (GPU)")
     engine.add_argument("--device", default=None, type=_device)
@@ -171,7 +173,7 @@ def engine_config(args):
                         kv_cache_bytes=args.kv_cache_bytes, prefix_cache=args.prefix_cache,
                         chunked_prefill=args.chunked_prefill,
                         max_tokens_per_prefill_chunk=args.max_tokens_per_prefill_chunk, speculative=spec,
-                        compile=args.compile, cuda_graphs=args.cuda_graphs,
+                        jump_forward=args.jump_forward, compile=args.compile, cuda_graphs=args.cuda_graphs,
                         device=None if args.device is None else str(args.device), dtype=args.dtype,
                         trace_max_steps=args.trace_steps)
 

@@ -207,3 +207,10 @@ def test_serve_keeps_a_short_trace_unless_asked():
 
     assert engine_config(build_parser().parse_args(["serve"])).trace_max_steps == 64
     assert engine_config(build_parser().parse_args(["serve", "--trace-steps", "5000"])).trace_max_steps == 5000
+
+
+def test_serve_turns_jump_forward_on_when_asked():
+    from minillm.cli import build_parser, engine_config
+
+    assert not engine_config(build_parser().parse_args(["serve"])).jump_forward
+    assert engine_config(build_parser().parse_args(["serve", "--jump-forward"])).jump_forward
