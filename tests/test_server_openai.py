@@ -14,7 +14,7 @@ from minillm.async_engine import AsyncLLM
 from minillm.engine import LLMEngine
 from minillm.server import build_app
 from minillm.server.chat_template import render_chat
-from minillm.server.protocol import LATER_CHAT, LATER_COMPLETIONS, METADATA, NOT_YET_APPLIED
+from minillm.server.protocol import LATER_CHAT, LATER_COMPLETIONS, METADATA, NOT_YET_APPLIED, REPLACED
 from tests.hf_reference import ByteTokenizer
 from tests.test_server import MODEL, _config, _Server, offline, wait_idle
 
@@ -297,16 +297,16 @@ def test_a_template_that_raises_is_a_400_naming_its_message(model, template, wor
 
 
 # ----------------------------------------------------------------------------- C.6 the field policy
-NON_NEUTRAL = {"response_format": {"type": "json_object"}, "tools": [{"type": "function"}], "tool_choice": "auto",
+NON_NEUTRAL = {"tools": [{"type": "function"}], "tool_choice": "auto",  # the tool fields: on completions
                "parallel_tool_calls": True, "guided_json": {}, "guided_regex": "a+", "guided_choice": ["a"],
-               "guided_grammar": "root ::= 'a'", "structured_outputs": {"json": {}}, "best_of": 2, "suffix": "end",
+               "guided_grammar": "root ::= 'a'", "best_of": 2, "suffix": "end",
                "functions": [{"name": "f"}], "function_call": "auto", "audio": {"voice": "alloy"},
                "modalities": ["text", "audio"], "prediction": {"type": "content", "content": "x"},
                "reasoning_effort": "low", "web_search_options": {}, "chat_template": "{{ 1 }}",
                "chat_template_kwargs": {"a": 1}, "documents": [{"text": "x"}], "echo": True}
-NEUTRAL = {"response_format": [{"type": "text"}], "tools": [[], None],
+NEUTRAL = {"tools": [[], None],
            "tool_choice": ["none"], "parallel_tool_calls": [None], "guided_json": [None], "guided_regex": [None],
-           "guided_choice": [None], "guided_grammar": [None], "structured_outputs": [None], "best_of": [1],
+           "guided_choice": [None], "guided_grammar": [None], "best_of": [1],
            "suffix": ["", None], "functions": [[]], "function_call": ["none"], "audio": [None],
            "modalities": [["text"]], "prediction": [None], "reasoning_effort": [None], "web_search_options": [None],
            "chat_template": [None], "chat_template_kwargs": [{}], "documents": [None], "echo": [False, None]}
@@ -316,14 +316,14 @@ CHAT_NOT_YET = {"echo"}  # vLLM's chat echo (completions apply echo)
 def _endpoints(name: str):
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     completion = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
-    if name in NOT_YET_APPLIED or name in (set(LATER_CHAT) & set(LATER_COMPLETIONS)):
+    if name in NOT_YET_APPLIED or name in REPLACED or name in (set(LATER_CHAT) & set(LATER_COMPLETIONS)):
         return [("/v1/completions", completion), ("/v1/chat/completions", chat)]
     return [("/v1/completions", completion)] if name in LATER_COMPLETIONS else [("/v1/chat/completions", chat)]
 
 
 def test_the_tables_are_what_this_test_covers():
     assert not NOT_YET_APPLIED  # every sampling field clients send is applied now
-    assert set(NON_NEUTRAL) == set(NEUTRAL) == set(LATER_CHAT) | set(LATER_COMPLETIONS) | CHAT_NOT_YET
+    assert set(NON_NEUTRAL) == set(NEUTRAL) == set(LATER_CHAT) | set(LATER_COMPLETIONS) | set(REPLACED) | CHAT_NOT_YET
 
 
 @pytest.mark.parametrize("name", sorted(NON_NEUTRAL))

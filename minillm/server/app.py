@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP server over `AsyncLLM` (chapter 9): a thin layer.
 
     POST /v1/completions, /v1/chat/completions ─► body.py (bounded, parsed off the loop) ─► protocol.py
-        (400 if bad) ─► tokenized off the loop (AsyncLLM.encode) ─► AsyncLLM ─► JSON, or server-sent
+        (400 if bad) ─► tokenized off the loop (AsyncLLM.encode) ─► a structured output compiled off the
+        loop (grammar_check.py: 400 if the library refuses it) ─► AsyncLLM ─► JSON, or server-sent
         events (streaming.py)
     POST /tokenize, /detokenize                 vLLM's shapes: {"count", "max_model_len", "tokens"}, {"prompt"}
     GET  /v1/models, /v1/models/{id}            the served model, with its max_model_len
@@ -37,6 +38,7 @@ from minillm.async_engine import AsyncLLM
 from minillm.engine import RequestOutput
 from minillm.server.body import MAX_BODY_BYTES, BodyDecoder, read_body
 from minillm.server.chat_template import ChatTemplateError, has_chat_template, render_chat
+from minillm.server.grammar_check import GrammarCheck
 from minillm.server.logprob_format import LogprobFormatter
 from minillm.server.metrics import ServerMetrics
 from minillm.server.protocol import (
@@ -85,6 +87,7 @@ def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None, defaul
     async def lifespan(app: FastAPI):
         yield
         await decoder.aclose()
+        grammars.close()
 
     app = FastAPI(title="minillm", docs_url=None, redoc_url=None, lifespan=lifespan)
     created = int(time.time())
@@ -92,6 +95,7 @@ def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None, defaul
     history = ServerMetrics()
     formatter = LogprobFormatter(tokenizer)  # names tokens in logprobs (each id decoded once)
     decoder = BodyDecoder(max_items=max_list_items(max_len))  # no list in a usable request is longer
+    grammars = GrammarCheck(tokenizer, vocab_size, llm.model_config.eos_token_ids)  # structured outputs' 400s
     # each endpoint's body check (protocol.py), run off the event loop by `decoder`
     completion_check = functools.partial(parse, chat=False, default_max_tokens=default_max_tokens,
                                          vocab_size=vocab_size, max_model_len=max_len)
@@ -153,15 +157,17 @@ def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None, defaul
 
     # ------------------------------------------------------------------ tokens
     async def prompt_ids(prompt: str | list[int] | None, messages: list[dict] | None, add_special_tokens: bool | None,
-                         add_generation_prompt: bool = True, continue_final_message: bool = False) -> list[int]:
-        """The prompt's checked token ids: a chat rendered by its template, then tokenized (both in
-        worker threads). A template writes its own special tokens: its text gets none added unless
-        asked; a completion's prompt (and the plain transcript) gets the tokenizer's."""
+                         add_generation_prompt: bool = True, continue_final_message: bool = False,
+                         tools: list[dict] | None = None) -> list[int]:
+        """The prompt's checked token ids: a chat rendered by its template (with the `tools` it must
+        call), then tokenized (both in worker threads). A template writes its own special tokens: its
+        text gets none added unless asked; a completion's prompt (and the plain transcript) gets the
+        tokenizer's."""
         param = "prompt" if messages is None else "messages"
         try:
             if messages is not None:
                 prompt = await asyncio.to_thread(render_chat, tokenizer, messages, add_generation_prompt,
-                                                 continue_final_message)
+                                                 continue_final_message, tools)
                 if add_special_tokens is None:
                     add_special_tokens = not has_chat_template(tokenizer)
             return await llm.encode(prompt, add_special_tokens is not False)
@@ -199,7 +205,7 @@ def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None, defaul
         req = await body(request, chat_check)
         check_model(req.model)
         ids = await prompt_ids(None, req.messages, req.add_special_tokens, req.add_generation_prompt,
-                               req.continue_final_message)
+                               req.continue_final_message, list(req.tools.tools) if req.tools is not None else None)
         return await respond(request, req, ids)
 
     async def until_done_or_gone(request: Request, awaitable) -> bool:
@@ -231,6 +237,11 @@ def build_app(llm: AsyncLLM, model_name: str, api_key: str | None = None, defaul
             params.check_vocab(vocab_size, llm.model_config.eos_token_ids)
         except ValueError as err:
             raise RequestError(400, str(err), "min_tokens" if "min_tokens" in str(err) else "logit_bias") from None
+        if params.structured is not None:  # compiled here first: a constraint the library refuses is a 400
+            try:
+                await grammars.check(params.structured)
+            except ValueError as err:
+                raise RequestError(400, str(err), req.constraint_field) from None
         prompt_text = ""
         if req.echo:  # the prompt as text: as it was sent, or its token ids decoded
             prompt_text = req.prompt if isinstance(req.prompt, str) else await asyncio.to_thread(

@@ -44,12 +44,15 @@ def has_chat_template(tokenizer) -> bool:
 
 
 def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
-                continue_final_message: bool = False) -> str:
+                continue_final_message: bool = False, tools: list[dict] | None = None) -> str:
     """The prompt for `messages` (checked dicts: role, content, and maybe name, tool_calls,
     tool_call_id), ending where the assistant's answer begins (or, with `continue_final_message`,
-    inside the last message)."""
+    inside the last message). `tools`, the functions the answer must call, go to a template that
+    knows them; the plain transcript leaves them out (the shipped models know no tools: the
+    constraint alone shapes the call)."""
     if has_chat_template(tokenizer):
         options = {"continue_final_message": True} if continue_final_message else {}
+        options |= {"tools": tools} if tools else {}
         try:
             text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
                                                  **options)

@@ -13,18 +13,25 @@ effect when it did not. Every field an endpoint knows is in exactly one of these
 
     applied     the server or the engine acts on it: every sampling field    APPLIED_*
                 OpenAI and vLLM clients send (n, logprobs, echo, penalties,
-                logit_bias, min_p, min_tokens, stop_token_ids, ...)
+                logit_bias, min_p, min_tokens, stop_token_ids, ...), and
+                structured outputs: response_format, structured_outputs,
+                chat's tools, tool_choice, parallel_tool_calls
+                (minillm/server/structured_fields.py, tools.py)
     not yet     accepted only at its neutral value until it is applied        NOT_YET_APPLIED, and
                 (today only vLLM's chat "echo")                               chat's "echo"
-    later       structured outputs, tools and the like (a later chapter):    LATER_*
-                accepted only at its neutral value
+    replaced    vLLM's removed guided_json, guided_regex, guided_choice,      REPLACED
+                guided_grammar: accepted only when null, otherwise a 400
+                that points at structured_outputs
+    later       other modalities, predicted outputs and the like, and the     LATER_*
+                tool fields on completions: accepted only at neutral
     metadata    accepted, and it does not change what is generated           METADATA
 
 A neutral value is one that asks for nothing. Any other field is refused with a 400 naming it.
 Ranges are vLLM's (minillm/sampling.py checks them again): n in [1, 128] (and at most the engine's
 max_num_seqs), logprobs and top_logprobs in [0, 20], penalties in [-2, 2] (repetition in (0, 2]),
 logit_bias values in [-100, 100] on token ids of the vocabulary. `max_tokens: 0` is allowed with
-`echo` only: the prompt and its logprobs come back, nothing is generated.
+`echo` only: the prompt and its logprobs come back, nothing is generated. A structured output
+decides where the output ends, so min_tokens and ignore_eos cannot come with one.
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from minillm.sampling import MAX_LOGIT_BIAS, MAX_LOGPROBS, SamplingParams, is_int
+from minillm.server.structured_fields import ConstraintError, requested
+from minillm.server.tools import ToolCalling
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_STOP_TOKEN_IDS = 1024  # each is compared with every new token: a bound keeps a step cheap
@@ -78,21 +87,18 @@ NOT_YET_APPLIED: dict[str, tuple[str, Neutral]] = {}
 # vLLM's chat "echo" (prepend the last message to the answer) is not applied: accepted only when false
 _CHAT_NOT_YET = NOT_YET_APPLIED | {"echo": ("false", _null_or(False))}
 
-# structured outputs, tools, other modalities: a later chapter. Accepted only at neutral.
-LATER_BOTH: dict[str, tuple[str, Neutral]] = {
-    "response_format": ('{"type": "text"}', _null_or({"type": "text"})),
-    "tools": ("null or []", _null_or([])),
-    "tool_choice": ('"none"', _null_or("none")),
-    "parallel_tool_calls": ("null", _null_or()),
-    "guided_json": ("null", _null_or()),
-    "guided_regex": ("null", _null_or()),
-    "guided_choice": ("null", _null_or()),
-    "guided_grammar": ("null", _null_or()),
-    "structured_outputs": ("null", _null_or()),
-}
+# vLLM removed these (its 0.32 ignores them, with a warning): refused, pointing at what replaced them
+REPLACED: dict[str, tuple[str, Neutral]] = {name: ("null", _null_or()) for name in (
+    "guided_json", "guided_regex", "guided_choice", "guided_grammar")}
+
+# other modalities, predicted outputs and the like: a later chapter. Accepted only at neutral.
+LATER_BOTH: dict[str, tuple[str, Neutral]] = {}
 LATER_COMPLETIONS = LATER_BOTH | {
     "best_of": ("1", _null_or(1)),
     "suffix": ('""', _null_or("")),
+    "tools": ("null or []", _null_or([])),  # tools are chat's
+    "tool_choice": ('"none"', _null_or("none")),
+    "parallel_tool_calls": ("null", _null_or()),
 }
 LATER_CHAT = LATER_BOTH | {
     "functions": ("null or []", _null_or([])),
@@ -117,9 +123,11 @@ _SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "s
              "ignore_eos", "stream", "stream_options", "add_special_tokens", "n", "presence_penalty",
              "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens", "include_stop_str_in_output",
              "skip_special_tokens", "prompt_logprobs", "logprobs"}
-APPLIED_COMPLETIONS = _SAMPLING | {"prompt", "echo"}
-APPLIED_CHAT = _SAMPLING | {"messages", "max_completion_tokens", "add_generation_prompt", "continue_final_message",
-                            "top_logprobs"}
+_STRUCTURED = {"response_format", "structured_outputs"}
+APPLIED_COMPLETIONS = _SAMPLING | _STRUCTURED | {"prompt", "echo"}
+APPLIED_CHAT = _SAMPLING | _STRUCTURED | {"messages", "max_completion_tokens", "add_generation_prompt",
+                                          "continue_final_message", "top_logprobs", "tools", "tool_choice",
+                                          "parallel_tool_calls"}
 MAX_N = 128  # samples per request (the engine also needs a batch slot for each: max_num_seqs)
 
 
@@ -130,8 +138,8 @@ def max_list_items(max_model_len: int | None) -> int:
 APPLIED_TOKENIZE = {"model", "prompt", "add_special_tokens", "return_token_strs"}
 APPLIED_TOKENIZE_CHAT = {"model", "messages", "add_special_tokens", "return_token_strs", "add_generation_prompt",
                          "continue_final_message"}
-LATER_TOKENIZE_CHAT = {name: LATER_CHAT[name] for name in ("tools", "chat_template", "chat_template_kwargs")} | {
-    "mm_processor_kwargs": ("null", _null_or())}
+LATER_TOKENIZE_CHAT = {name: LATER_CHAT[name] for name in ("chat_template", "chat_template_kwargs")} | {
+    "tools": ("null or []", _null_or([])), "mm_processor_kwargs": ("null", _null_or())}
 APPLIED_DETOKENIZE = {"model", "tokens"}
 
 
@@ -145,8 +153,11 @@ def check_fields(body: dict, applied: set[str], neutral_only: dict[str, tuple[st
                    "know rather than ignore them", str(unknown[0]))
     for name, (words, is_neutral) in neutral_only.items():
         if name in body and not is_neutral(body[name]):
-            why = " yet" if name in NOT_YET_APPLIED or name == "echo" else \
-                " (structured outputs and tools come in a later chapter)"
+            if name in REPLACED:
+                kind = name.removeprefix("guided_")
+                raise _bad(f"{name} is not supported by this server: vLLM replaced it with structured_outputs; send "
+                           f'"structured_outputs": {{"{kind}": ...}} (in the openai SDK: extra_body)', name)
+            why = " yet" if name in NOT_YET_APPLIED or name == "echo" else ""
             raise _bad(f"{name} is not supported by this server{why}: {name} must be {words} or left out, got "
                        f"{_short(body[name])}", name)
     for name, kind in metadata.items():
@@ -421,6 +432,8 @@ class GenerationRequest:
     logprobs: int | None = None  # alternatives per token to report; None: no logprobs
     prompt_only: bool = False  # max_tokens 0 with echo: the prompt (and its logprobs) and no answer
     prompt_logprobs: int | None = None  # vLLM's field, as asked: the answer then carries "prompt_logprobs"
+    tools: ToolCalling | None = None  # chat that must call a function: the answer carries tool_calls
+    constraint_field: str | None = None  # the field that asked for params.structured (a 400 about it names it)
 
 
 def parse(body: object, chat: bool, default_max_tokens: int, vocab_size: int | None = None,
@@ -429,7 +442,8 @@ def parse(body: object, chat: bool, default_max_tokens: int, vocab_size: int | N
     if not isinstance(body, dict):
         raise _bad("the request body must be a JSON object", None)
     check_fields(body, APPLIED_CHAT if chat else APPLIED_COMPLETIONS,
-                 (_CHAT_NOT_YET | LATER_CHAT) if chat else (NOT_YET_APPLIED | LATER_COMPLETIONS), METADATA)
+                 (_CHAT_NOT_YET | REPLACED | LATER_CHAT) if chat else (NOT_YET_APPLIED | REPLACED | LATER_COMPLETIONS),
+                 METADATA)
     model = _model(body)
     stream = _flag(body, "stream")
     include_usage, continuous_usage = _stream_options(body, stream)
@@ -455,6 +469,15 @@ def parse(body: object, chat: bool, default_max_tokens: int, vocab_size: int | N
     if stream and asked_prompt_logprobs is not None:  # as vLLM: a prompt's logprobs come in a whole answer
         raise _bad("prompt_logprobs is not supported with stream: true (echo with logprobs streams the prompt's)",
                    "prompt_logprobs")
+    try:
+        constraint, calling = requested(body, chat)
+    except ConstraintError as err:
+        raise _bad(str(err), err.param) from None
+    ignore_eos = _flag(body, "ignore_eos")
+    if constraint is not None and (min_tokens or ignore_eos):  # once complete, its grammar allows only EOS
+        name = "min_tokens" if min_tokens else "ignore_eos"
+        raise _bad(f"{name} cannot be combined with a structured output ({constraint.field}): the constraint "
+                   "decides where the output ends", name)
     # a chat without max_tokens gets the rest of the context once its prompt is known (app.py sets it)
     most = max(count, 1) if count is not None else (max_model_len or 1 << 30)
     try:
@@ -462,21 +485,23 @@ def parse(body: object, chat: bool, default_max_tokens: int, vocab_size: int | N
             temperature=temperature, top_p=top_p, top_k=None if top_k in (None, -1, 0) else top_k,
             min_p=_number(body, "min_p", 0.0, 0.0, 1.0), max_new_tokens=most, min_tokens=min_tokens,
             seed=_integer(body, "seed", None, 0, 2**63 - 1), stop=_stop(body), stop_token_ids=tuple(stop_token_ids),
-            ignore_eos=_flag(body, "ignore_eos"), n=_integer(body, "n", 1, 1, MAX_N),
+            ignore_eos=ignore_eos, n=_integer(body, "n", 1, 1, MAX_N),
             presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
             frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
             repetition_penalty=_repetition_penalty(body),
             logit_bias=_logit_bias(body, vocab_size, max_list_items(max_model_len)),
             logprobs=logprobs, prompt_logprobs=prompt_logprobs,
             include_stop_str_in_output=_flag(body, "include_stop_str_in_output"),
-            skip_special_tokens=_flag(body, "skip_special_tokens", default=True))
+            skip_special_tokens=_flag(body, "skip_special_tokens", default=True),
+            structured=constraint.output if constraint is not None else None)
     except ValueError as err:  # the engine's own checks, for anything the lines above let through
         raise _bad(str(err), None) from None
     special = _flag(body, "add_special_tokens") if body.get("add_special_tokens") is not None else None
     add_generation_prompt, continue_final_message = _template_flags(body) if chat else (True, False)
     return GenerationRequest(model, None if chat else _prompt(body, max_model_len), _messages(body) if chat else None,
                              params, stream, include_usage, continuous_usage, special, add_generation_prompt,
-                             continue_final_message, rest, echo, logprobs, count == 0, asked_prompt_logprobs)
+                             continue_final_message, rest, echo, logprobs, count == 0, asked_prompt_logprobs,
+                             calling, constraint.field if constraint is not None else None)
 
 
 def _repetition_penalty(body: dict) -> float:

@@ -4,9 +4,10 @@
     {"id", "object": "text_completion" | "chat.completion.chunk", ..., "choices": [one delta]}   streamed
     {..., "choices": [], "usage": {...}}        the last chunk, only when stream_options.include_usage
 
-One choice per sample (`n`), each with its `index`. Completions with `echo` give the prompt back
-before the answer (with `logprobs`, its tokens' too, the first one's null); with `max_tokens: 0` the
-prompt alone. Logprobs are written by minillm/server/logprob_format.py.
+One choice per sample (`n`), each with its `index`. A chat that must call a function answers with
+the message's `tool_calls` (minillm/server/tools.py) and null content. Completions with `echo` give
+the prompt back before the answer (with `logprobs`, its tokens' too, the first one's null); with
+`max_tokens: 0` the prompt alone. Logprobs are written by minillm/server/logprob_format.py.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 from minillm.engine import CompletionOutput, RequestOutput
 from minillm.server.logprob_format import LogprobFormatter
 from minillm.server.protocol import GenerationRequest
+from minillm.server.tools import tool_calls
 
 FINISH = {"stop": "stop", "length": "length", "abort": "abort", "error": "error"}
 
@@ -63,17 +65,23 @@ def _completion_choice(sample: CompletionOutput, out: RequestOutput, req: Genera
 
 def _chat_choice(sample: CompletionOutput, req: GenerationRequest, formatter: LogprobFormatter) -> dict:
     logprobs = formatter.chat(sample.logprobs or (), req.logprobs) if req.logprobs is not None else None
-    return {"index": sample.index, "message": {"role": "assistant", "content": sample.text}, "logprobs": logprobs,
-            "finish_reason": FINISH[sample.finish_reason]}
+    message = {"role": "assistant", "content": sample.text}
+    finish = FINISH[sample.finish_reason]
+    if req.tools is not None:  # the text is the call's arguments (minillm/server/tools.py)
+        message = {"role": "assistant", "content": None, "tool_calls": tool_calls(req.tools, sample.text)}
+        finish = req.tools.finish_reason(finish)
+    return {"index": sample.index, "message": message, "logprobs": logprobs, "finish_reason": finish}
 
 
 def chunk(answer_id: str, model: str, chat: bool, text: str | None, finish: str | None, role: bool = False,
-          counts: dict | None = None, index: int = 0, logprobs: dict | None = None) -> dict:
+          counts: dict | None = None, index: int = 0, logprobs: dict | None = None,
+          tool_calls: list[dict] | None = None) -> dict:
     """One streamed chunk of sample `index`: a piece of text (chat: a delta, the first one with the
-    role) and its tokens' logprobs, or the finish reason; with `counts`, the usage so far (vLLM's
-    continuous_usage_stats)."""
+    role; or pieces of tool calls) and its tokens' logprobs, or the finish reason; with `counts`, the
+    usage so far (vLLM's continuous_usage_stats)."""
     if chat:
-        delta = ({"role": "assistant"} if role else {}) | ({"content": text} if text is not None else {})
+        delta = ({"role": "assistant"} if role else {}) | ({"content": text} if text is not None else {}) \
+            | ({"tool_calls": tool_calls} if tool_calls else {})
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
     else:
         choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}

@@ -3,7 +3,9 @@
     data: {chunk: the role}                      chat only, once per sample: {"delta": {"role": "assistant", ...}}
     data: {chunk: the prompt}                    completions with echo, once per sample
     data: {chunk: a piece of text}               one per step that gave a sample text (or, with logprobs,
-                                                 tokens whose text is still held back), with its "index"
+                                                 tokens whose text is still held back), with its "index";
+                                                 a chat that must call a function: pieces of its tool_calls
+                                                 instead (minillm/server/tools.py)
     data: {chunk: finish_reason}                 once per sample, when it ends ("stop" or "length")
     data: {"choices": [], "usage": {...}}        only when stream_options.include_usage is true
     data: [DONE]
@@ -26,6 +28,7 @@ from minillm.server.logprob_format import LogprobFormatter
 from minillm.server.metrics import ServerMetrics
 from minillm.server.protocol import GenerationRequest
 from minillm.server.responses import FINISH, chunk, completion_tokens, usage, usage_chunk
+from minillm.server.tools import CallStream
 
 
 async def sse(answer_id: str, model: str, req: GenerationRequest, prompt_ids: list[int], prompt_text: str,
@@ -37,6 +40,11 @@ async def sse(answer_id: str, model: str, req: GenerationRequest, prompt_ids: li
     samples = range(req.params.n)
     offsets = dict.fromkeys(samples, 0)  # each sample's next text offset: its tokens' texts so far, as unstreamed
     finished: set[int] = set()
+    calls = {i: CallStream(req.tools) for i in samples} if req.tools is not None else None  # text -> tool calls
+
+    def finish(index: int, reason: str) -> str:
+        reason = "length" if req.prompt_only else FINISH[reason]
+        return calls[index].calling.finish_reason(reason) if calls is not None else reason
 
     def event(data: dict) -> str:
         return f"data: {json.dumps(data)}\n\n"
@@ -57,8 +65,9 @@ async def sse(answer_id: str, model: str, req: GenerationRequest, prompt_ids: li
     try:
         entries = first.prompt_logprobs or (first.output.prompt_logprobs if first.output is not None else None)
         for i in samples:
-            if chat:
-                yield event(chunk(answer_id, model, chat, "", None, role=True, counts=so_far(0), index=i))
+            if chat:  # with the role: a named tool call's id and name
+                yield event(chunk(answer_id, model, chat, "" if calls is None else None, None, role=True,
+                                  counts=so_far(0), index=i, tool_calls=calls[i].start() if calls else None))
             elif req.echo:  # the prompt first, as the answer's beginning (its logprobs are known by now)
                 given = list(entries or ())
                 shaped = logprobs(i, prompt_ids, given + [None] * (len(prompt_ids) - len(given)))
@@ -66,15 +75,16 @@ async def sse(answer_id: str, model: str, req: GenerationRequest, prompt_ids: li
                                   logprobs=shaped))
         e = first
         while e.output is None:
-            if not req.prompt_only and (e.delta or (e.token_ids and req.logprobs is not None)):
-                yield event(chunk(answer_id, model, chat, e.delta if (e.delta or not chat) else None, None,
-                                  counts=so_far(e.generated), index=e.index,
-                                  logprobs=logprobs(e.index, e.token_ids, e.logprobs)))
+            called = calls[e.index].push(e.delta) if calls is not None else None
+            if not req.prompt_only and (called or (e.delta and calls is None)
+                                        or (e.token_ids and req.logprobs is not None)):
+                text = e.delta if (e.delta or not chat) and calls is None else None
+                yield event(chunk(answer_id, model, chat, text, None, counts=so_far(e.generated), index=e.index,
+                                  logprobs=logprobs(e.index, e.token_ids, e.logprobs), tool_calls=called))
             if e.finish_reason in ("stop", "length"):  # an error or an abort is said once, at the end
                 finished.add(e.index)
-                reason = "length" if req.prompt_only else FINISH[e.finish_reason]
-                yield event(chunk(answer_id, model, chat, None if chat else "", reason, counts=so_far(e.generated),
-                                  index=e.index))
+                yield event(chunk(answer_id, model, chat, None if chat else "", finish(e.index, e.finish_reason),
+                                  counts=so_far(e.generated), index=e.index))
             e = await anext(events)
         out = e.output
         history.record(out)
@@ -88,9 +98,9 @@ async def sse(answer_id: str, model: str, req: GenerationRequest, prompt_ids: li
             return
         for sample in out.outputs:  # the samples that ended without a step saying so
             if sample.index not in finished:
-                reason = "length" if req.prompt_only else FINISH[sample.finish_reason]
-                yield event(chunk(answer_id, model, chat, None if chat else "", reason, counts=so_far(generated),
-                                  index=sample.index))
+                yield event(chunk(answer_id, model, chat, None if chat else "", finish(sample.index,
+                                                                                       sample.finish_reason),
+                                  counts=so_far(generated), index=sample.index))
         if req.include_usage:
             yield event(usage_chunk(answer_id, model, chat, usage(len(prompt_ids), generated)))
         yield "data: [DONE]\n\n"
