@@ -1357,3 +1357,136 @@ def front_ends_one_more_than_the_floor(*args):
 @wrong("ch10.front_ends", "one front end is needed")
 def front_ends_rounded_down(*args):
     return _front_ends(*args, rounding="floor", at_least_one=False)  # WRONG: the share of a process rounded down
+
+
+# ----------------------------------------------------------------------------- ch11.token_mask
+
+
+def _token_mask(transitions, accepting, state, vocab, eos_token_id, *, first_only=False, live_check=True,
+                eos_as_text=False, msb_first=False, signed=False):
+    from exercises.grading.ch11 import live_states
+
+    live = live_states(transitions, accepting) if live_check else set(transitions) | set(accepting) | {
+        t for moves in transitions.values() for t in moves.values()}
+    words = [0] * ((len(vocab) + 31) // 32)
+    for token, text in enumerate(vocab):
+        if token == eos_token_id and not eos_as_text:
+            allowed = state in accepting
+        else:
+            at = state if text else None
+            for character in text[:1] if first_only else text:
+                at = transitions.get(at, {}).get(character)
+                if at is None:
+                    break
+            allowed = at is not None and at in live
+        if allowed:
+            words[token // 32] |= 1 << (31 - token % 32 if msb_first else token % 32)
+    return [w - 2**32 if signed and w >= 2**31 else w for w in words]
+
+
+@wrong("ch11.token_mask", "Every character of a token is walked")
+def token_mask_first_character_only(*args):
+    return _token_mask(*args, first_only=True)  # WRONG: a token judged by its first character
+
+
+@wrong("ch11.token_mask", "ends in a dead end")
+def token_mask_without_dead_ends(*args):
+    return _token_mask(*args, live_check=False)  # WRONG: any state a token reaches will do
+
+
+@wrong("ch11.token_mask", "The end-of-sequence token is allowed exactly in accepting states")
+def token_mask_reads_the_end_token_as_text(*args):
+    return _token_mask(*args, eos_as_text=True)  # WRONG: the end token walked like any other
+
+
+@wrong("ch11.token_mask", "packed as the engine's bitmask")
+def token_mask_most_significant_bit_first(*args):
+    return _token_mask(*args, msb_first=True)  # WRONG: token 0 in bit 31
+
+
+@wrong("ch11.token_mask", "unsigned words")
+def token_mask_signed_words(*args):
+    return _token_mask(*args, signed=True)  # WRONG: words read back as int32
+
+
+# ----------------------------------------------------------------------------- ch11.guess_masks
+
+
+def _guess_masks(matcher, guesses, *, accept=True, rollback="accepted", past_refusal=False, past_finish=False):
+    masks = [set(matcher.allowed())]
+    accepted = 0
+    for guess in guesses:
+        if accept:
+            ok = matcher.accept(guess)
+            if not ok and not past_refusal:
+                break
+            accepted += ok
+            if ok and matcher.is_finished and not past_finish:
+                break
+        masks.append(set(matcher.allowed()))
+    count = {"accepted": accepted, "all": len(guesses), "none": 0}[rollback]
+    if count:
+        matcher.rollback(count)
+    return masks + [None] * (len(guesses) + 1 - len(masks))
+
+
+@wrong("ch11.guess_masks", "Each row is masked after the guesses before it")
+def guess_masks_all_from_the_current_state(matcher, guesses):
+    return _guess_masks(matcher, guesses, accept=False)  # WRONG: every row gets today's mask
+
+
+@wrong("ch11.guess_masks", "exactly the accepted guesses are rolled back")
+def guess_masks_roll_back_every_guess(matcher, guesses):
+    return _guess_masks(matcher, guesses, rollback="all")  # WRONG: refused guesses were never accepted
+
+
+@wrong("ch11.guess_masks", "left where it was")
+def guess_masks_without_rollback(matcher, guesses):
+    return _guess_masks(matcher, guesses, rollback="none")  # WRONG: the guesses stay in the matcher
+
+
+@wrong("ch11.guess_masks", "carry no mask (None)")
+def guess_masks_past_a_refused_guess(matcher, guesses):
+    return _guess_masks(matcher, guesses, past_refusal=True)  # WRONG: goes on filling after a refusal
+
+
+@wrong("ch11.guess_masks", "finishes the grammar")
+def guess_masks_past_the_end(matcher, guesses):
+    return _guess_masks(matcher, guesses, past_finish=True)  # WRONG: fills rows after the grammar finished
+
+
+# ----------------------------------------------------------------------------- ch11.fill_threads
+
+
+def _fill_threads(fill_ms_per_row, fixed_ms, batch, forward_ms, handoff_ms, max_threads, *, own_thread_free=True,
+                  whole_rows=True, ties="fewest", greedy=False):
+    waits = []
+    for threads in range(1, max_threads + 1):
+        rows = math.ceil(batch / threads) if whole_rows else batch / threads
+        handoff = threads * handoff_ms if threads > 1 or not own_thread_free else 0.0
+        waits.append(max(0.0, fixed_ms + rows * fill_ms_per_row + handoff - forward_ms))
+    if greedy:
+        return next((t for t, w in enumerate(waits, start=1) if w <= 1e-9), max_threads)
+    least = min(waits)
+    best = [t for t, w in enumerate(waits, start=1) if w <= least + 1e-9]
+    return best[0] if ties == "fewest" else best[-1]
+
+
+@wrong("ch11.fill_threads", "costs no handoff")
+def fill_threads_handoff_for_the_own_thread(*args):
+    return _fill_threads(*args, own_thread_free=False)  # WRONG: the engine's thread pays a handoff too
+
+
+@wrong("ch11.fill_threads", "Rows are whole")
+def fill_threads_fractional_rows(*args):
+    return _fill_threads(*args, whole_rows=False)  # WRONG: batch / T rows, as if rows could be split
+
+
+@wrong("ch11.fill_threads", "the fewest threads")
+def fill_threads_most_among_ties(*args):
+    return _fill_threads(*args, ties="most")  # WRONG: among equal waits, the most threads
+
+
+@wrong("ch11.fill_threads", "not always better")
+def fill_threads_all_or_nothing(*args):
+    return _fill_threads(*args, greedy=True)  # WRONG: the fewest that hide the fill, else every thread
