@@ -135,6 +135,9 @@ class SamplingParams:
             if self.min_tokens > 0:  # once the grammar is complete only EOS is allowed, which min_tokens masks
                 raise ValueError("min_tokens cannot be combined with a structured output: the grammar decides "
                                  "where the output ends")
+            if self.ignore_eos:  # ...and the output ends there whatever ignore_eos says
+                raise ValueError("ignore_eos cannot be combined with a structured output: the grammar decides "
+                                 "where the output ends (once it is complete, it allows only EOS)")
         # numpy scalars become plain Python values: equal params compare and hash equal
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
             object.__setattr__(self, name, float(getattr(self, name)))

@@ -7,11 +7,17 @@ keys in any order): compiled grammars are cached under it.
 
 from __future__ import annotations
 
+import functools
 import json
+import numbers
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
 MAX_TEXT_CHARS = 100_000  # a schema, regex or grammar longer than this is refused before compiling
+MAX_SCHEMA_DEPTH = 100  # objects and lists nested deeper in a schema are refused: the library's compile time
+#                         grows with the cube of the depth (0.4 s at 200 levels, 10 s at 600), and Python's
+#                         own recursion (json.dumps, pickling to the engine core) ends near 1,000
 
 
 @dataclass(frozen=True, eq=False)
@@ -36,24 +42,15 @@ class StructuredOutput:
         if self.json_object is not False and self.json_object is not True:
             raise ValueError(f"json_object must be True or False, got {self.json_object!r}")
         if self.json is not None:
-            schema = self.json
-            if isinstance(schema, str):
-                try:
-                    schema = json.loads(schema)
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"json must be a JSON schema; its text does not parse: {err}") from None
-            if not isinstance(schema, dict):
-                raise ValueError(f"json must be a JSON schema (an object), got {type(schema).__name__}")
-            object.__setattr__(self, "json", schema)
+            object.__setattr__(self, "json", _schema(self.json))
         for kind in ("regex", "grammar"):
             value = getattr(self, kind)
             if value is not None and (not isinstance(value, str) or not value):
-                raise ValueError(f"{kind} must be a non-empty string, got {value!r}")
+                raise ValueError(f"{kind} must be a non-empty string, got {_short(value)}")
+            if value is not None:
+                object.__setattr__(self, kind, _text(kind, value))
         if self.choice is not None:
-            if isinstance(self.choice, str) or not all(isinstance(c, str) and c for c in self.choice) \
-                    or not self.choice:
-                raise ValueError(f"choice must be a list of non-empty strings, got {self.choice!r}")
-            object.__setattr__(self, "choice", tuple(self.choice))
+            object.__setattr__(self, "choice", _choices(self.choice))
         if len(self.key[1]) > MAX_TEXT_CHARS:
             raise ValueError(f"the {self.kind} is {len(self.key[1]):,} characters long; at most "
                              f"{MAX_TEXT_CHARS:,} are accepted")
@@ -70,7 +67,7 @@ class StructuredOutput:
         if isinstance(value, StructuredOutput):
             return value
         if isinstance(value, dict):
-            unknown = sorted(set(value) - set(KINDS))
+            unknown = sorted(repr(k) if not isinstance(k, str) else k for k in value if k not in KINDS)
             if unknown:
                 raise ValueError(f"structured output fields are {', '.join(KINDS)}; got {', '.join(unknown)}")
             return cls(**value)
@@ -81,7 +78,7 @@ class StructuredOutput:
         return next(kind for kind in KINDS if kind != "json_object" and getattr(self, kind) is not None) \
             if not self.json_object else "json_object"
 
-    @property
+    @functools.cached_property  # a frozen dataclass's __dict__ is still writable: computed once, kept
     def key(self) -> tuple[str, str]:
         """(kind, canonical text): equal for equal constraints (a schema's keys sorted)."""
         kind = self.kind
@@ -90,3 +87,76 @@ class StructuredOutput:
         if kind == "choice":
             return kind, json.dumps(self.choice)
         return kind, "" if kind == "json_object" else getattr(self, kind)
+
+
+def _short(value, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _text(kind: str, value: str) -> str:
+    """A regex's, grammar's or choice's text as a plain str, refused if it cannot be UTF-8 (a lone surrogate)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ValueError(f"{kind} is not valid Unicode: {err.reason} at position {err.start} "
+                         f"({value[err.start:err.end]!r})") from None
+    return str(value)
+
+
+def _choices(value) -> tuple[str, ...]:
+    """choice as a tuple of non-empty strings: a list or tuple (any iterable but a string, bytes or a mapping)."""
+    if isinstance(value, str | bytes | bytearray | Mapping) or not isinstance(value, Iterable):
+        raise ValueError(f"choice must be a list of non-empty strings, got {_short(value)}")
+    choices = tuple(value)  # once: a generator is read here, and only here
+    if not choices or not all(isinstance(c, str) and c for c in choices):
+        raise ValueError(f"choice must be a list of non-empty strings, got {_short(list(choices))}")
+    return tuple(_text("choice", c) for c in choices)
+
+
+def _schema(value) -> dict:
+    """A JSON schema as plain JSON values (a dict): parsed from its text, or a dict checked to be JSON (string
+    keys; no NaN, no infinity, no set; numpy numbers become Python's) and nested at most MAX_SCHEMA_DEPTH deep."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"json must be a JSON schema; its text does not parse: {err}") from None
+        except RecursionError:
+            raise ValueError(f"json: the schema is nested more than {MAX_SCHEMA_DEPTH} objects or lists deep") \
+                from None
+    if not isinstance(value, dict):
+        raise ValueError(f"json must be a JSON schema (an object), got {type(value).__name__}")
+    _check_depth(value)
+    try:
+        text = json.dumps(value, allow_nan=False, default=_numpy_number, ensure_ascii=False)
+        text.encode("utf-8")
+    except (TypeError, ValueError) as err:  # UnicodeEncodeError is a ValueError
+        raise ValueError(f"json must be a JSON schema made of JSON values: {err}") from None
+    return json.loads(text)  # plain dicts, lists, strings, numbers: the same for every equal schema
+
+
+def _numpy_number(value):
+    """json.dumps's fallback: a numpy number or bool as Python's; anything else is no JSON value."""
+    if type(value).__module__ == "numpy" and getattr(value, "shape", None) == ():
+        item = value.item()
+        if isinstance(item, bool | numbers.Real):
+            return item
+    raise TypeError(f"a {type(value).__name__} is not a JSON value")
+
+
+def _check_depth(schema: dict) -> None:
+    """String keys, at most MAX_SCHEMA_DEPTH levels, and (a list or dict may be held at many places) a bounded size."""
+    todo, seen = [(schema, 1)], 0
+    while todo:  # a loop, not recursion: a deep schema must not exhaust Python's stack here
+        node, depth = todo.pop()
+        if depth > MAX_SCHEMA_DEPTH:
+            raise ValueError(f"json: the schema is nested more than {MAX_SCHEMA_DEPTH} objects or lists deep")
+        wrong = [key for key in node if not isinstance(key, str)] if isinstance(node, dict) else []
+        if wrong:
+            raise ValueError(f"json: a schema's keys must be strings, got {_short(wrong[0])}")
+        children = list(node.values()) if isinstance(node, dict) else node
+        seen += len(node)
+        if seen > MAX_TEXT_CHARS:  # every member takes at least a character of the schema's text
+            raise ValueError(f"json: the schema is longer than {MAX_TEXT_CHARS:,} characters")
+        todo += [(child, depth + 1) for child in children if isinstance(child, dict | list | tuple)]

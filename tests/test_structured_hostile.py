@@ -1,0 +1,123 @@
+"""Structured outputs attacked as a hostile user would, at the engine level (LLM, LLMEngine, AsyncLLM, the
+engine core process): every case here once found a defect. A bad constraint is a ValueError at the door that
+names the problem; a grammar the engine cannot serve fails its own request alone; nothing hangs, crashes, leaks
+or keeps growing; an output that ends with "stop" matches its constraint."""
+
+import json
+import pickle
+
+import numpy as np
+import pytest
+
+import minillm
+from minillm.config import EngineConfig
+from minillm.engine import LLMEngine
+from minillm.sampling import SamplingParams
+from minillm.structured import StructuredOutput
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+          "required": ["name", "age"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return minillm.load_model(), minillm.load_tokenizer()
+
+
+def make_engine(shipped, **options) -> LLMEngine:
+    model, tokenizer = shipped
+    options = {"max_num_seqs": 6, "max_model_len": 512, "max_tokens_per_step": 256, "kv": "paged", **options}
+    return LLMEngine(model, tokenizer, EngineConfig(**options))
+
+
+def run(engine: LLMEngine, prompts, params, max_steps: int = 2000) -> list:
+    ids = [engine.add_request(p, sp).request_id for p, sp in zip(prompts, params)]
+    for _ in range(max_steps):
+        if not engine.has_unfinished():
+            break
+        engine.step()
+    assert not engine.has_unfinished(), "the engine did not finish its requests"
+    outputs = [engine.output(i) for i in ids]
+    for i in ids:
+        engine.release(i)
+    return outputs
+
+
+def deep_schema(levels: int) -> dict:
+    schema = {"type": "integer"}
+    for _ in range(levels):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
+def shared_lists(width: int, levels: int) -> list:
+    """A list held `width` times by its parent, `levels` deep: small in memory, width ** levels as JSON."""
+    node: list = [1]
+    for _ in range(levels):
+        node = [node] * width
+    return node
+
+
+def self_holding() -> dict:
+    schema: dict = {"type": "object"}
+    schema["properties"] = {"me": schema}
+    return schema
+
+
+# ---------------------------------------------------------------------------------------- at the door
+@pytest.mark.parametrize("fields, match", [
+    ({"json": {"enum": {1, 2}}}, "a set is not a JSON value"),  # was a TypeError from json.dumps
+    ({"json": {"type": "number", "minimum": float("nan")}}, "JSON values"),  # was compiled, then failed
+    ({"json": {"type": "number", "maximum": float("inf")}}, "JSON values"),
+    ({"json": {1: {"type": "integer"}, "1": {"type": "string"}}}, "keys must be strings"),  # two keys "1"
+    ({"json": {None: 1}}, "keys must be strings"),
+    ({"json": deep_schema(500)}, "nested more than 100"),  # was a RecursionError
+    ({"json": json.dumps(deep_schema(500))}, "nested more than 100"),
+    ({"json": "[" * 100_000 + "]" * 100_000}, "nested more than 100"),
+    ({"json": {"enum": shared_lists(1000, 3)}}, "longer than 100,000"),  # would be 10**9 values as text
+    ({"json": self_holding()}, "nested more than 100"),  # was a RecursionError (json.dumps: circular)
+    ({"json": {"enum": ["\ud800"]}}, "surrogates"),  # was compiled, then failed
+    ({"choice": ["\ud800"]}, "not valid Unicode"),
+    ({"regex": "a\udfffb"}, "not valid Unicode"),
+    ({"grammar": 'root ::= "\ud800"'}, "not valid Unicode"),
+    ({"choice": {"a": 1, "b": 2}}, "list of non-empty strings"),  # was its keys
+    ({"choice": (c for c in ["a", ""])}, "list of non-empty strings"),
+])
+def test_a_malformed_constraint_is_a_value_error_naming_it(fields, match):
+    with pytest.raises(ValueError, match=match):
+        StructuredOutput(**fields)
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(structured=fields)
+
+
+@pytest.mark.parametrize("fields, match", [
+    ({"regex": "a", 5: 1}, "got 5"),  # was a TypeError from sorting the names
+    ({1: 2}, "got 1"),
+])
+def test_structured_fields_that_are_not_names_are_refused(fields, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(structured=fields)
+
+
+def test_ignore_eos_beside_a_structured_output_is_refused():
+    """The grammar ends the output (once complete it allows only EOS), so ignore_eos would be silently ignored."""
+    with pytest.raises(ValueError, match="ignore_eos cannot be combined with a structured output"):
+        SamplingParams(ignore_eos=True, structured={"regex": "[0-9]+"})
+
+
+def test_a_generator_of_choices_is_read_once_and_kept():
+    """It was consumed by the check and then stored empty: a choice of nothing, compiled as such."""
+    constraint = StructuredOutput(choice=(c for c in ["yes", "no"]))
+    assert constraint.choice == ("yes", "no")
+    assert StructuredOutput(choice=np.array(["yes", "no"])).choice == ("yes", "no")  # was "ambiguous truth value"
+
+
+def test_numpy_values_in_a_schema_become_plain_json_and_cross_to_the_core():
+    plain = StructuredOutput(json={"type": "integer", "minimum": 3, "maximum": 9, "uniqueItems": False})
+    numpy = StructuredOutput(json={"type": "integer", "minimum": np.int64(3), "maximum": np.int32(9),
+                                   "uniqueItems": np.False_})
+    assert numpy == plain and hash(numpy) == hash(plain)
+    assert type(numpy.json["minimum"]) is int
+    params = SamplingParams(temperature=0, structured=numpy)
+    assert pickle.loads(pickle.dumps(params)) == params  # what ProcessAsyncLLM sends its engine core
