@@ -5,15 +5,19 @@ or keeps growing; an output that ends with "stop" matches its constraint."""
 
 import json
 import pickle
+import re
 
+import jsonschema
 import numpy as np
 import pytest
+import torch
 
 import minillm
 from minillm.config import EngineConfig
 from minillm.engine import LLMEngine
 from minillm.sampling import SamplingParams
 from minillm.structured import StructuredOutput
+from minillm.structured.grammars import GrammarCompiler, allocate_bitmask, apply_bitmask
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
                                            "age": {"type": "integer", "minimum": 0, "maximum": 120}},
@@ -121,3 +125,62 @@ def test_numpy_values_in_a_schema_become_plain_json_and_cross_to_the_core():
     assert type(numpy.json["minimum"]) is int
     params = SamplingParams(temperature=0, structured=numpy)
     assert pickle.loads(pickle.dumps(params)) == params  # what ProcessAsyncLLM sends its engine core
+
+
+# ---------------------------------------------------------------------------------------- jump-forward
+FOREVER = [{"grammar": 'root ::= "a" root'},  # no finite output: the forced text never ends
+           {"json": {"$defs": {"n": {"type": "object", "properties": {"c": {"$ref": "#/$defs/n"}}, "required": ["c"]}},
+                     "$ref": "#/$defs/n"}}]
+
+
+def test_jump_forward_on_text_forced_forever_ends_at_the_length_limit(shipped, monkeypatch):
+    """xgrammar's find_jump_forward_string has no bound: on these grammars it filled memory until the engine's
+    process was killed (std::bad_alloc under a limit). The forced text is now searched for a bounded length."""
+    import xgrammar as xgr
+
+    def unbounded(self):
+        raise AssertionError("the library's unbounded jump-forward search was called")
+
+    monkeypatch.setattr(xgr.GrammarMatcher, "find_jump_forward_string", unbounded)
+    others = [("Give me the record as JSON:",
+               SamplingParams(temperature=0, max_new_tokens=60, structured={"json": PERSON})),
+              ("ROMEO:", SamplingParams(temperature=0, max_new_tokens=30))]
+    expected = run(make_engine(shipped, jump_forward=True), [p for p, _ in others], [q for _, q in others])
+    engine = make_engine(shipped, jump_forward=True)
+    hostile = [SamplingParams(temperature=0.8, seed=1, max_new_tokens=n, structured=c)
+               for n, c in zip((20, 30), FOREVER)]
+    outputs = run(engine, ["a:", "b:"] + [p for p, _ in others], hostile + [q for _, q in others])
+    for output, params in zip(outputs, hostile):
+        assert output.finish_reason == "length" and len(output.token_ids) == params.max_new_tokens
+    assert re.fullmatch("a+", outputs[0].text) and outputs[1].text.startswith('{"c": {"c": {"c": ')
+    assert [o.token_ids for o in outputs[2:]] == [o.token_ids for o in expected]
+    assert outputs[2].finish_reason == "stop"
+    jsonschema.validate(json.loads(outputs[2].text), PERSON)
+    assert engine.jump_forward_tokens >= 40
+
+
+def test_the_bounded_jump_forward_finds_what_the_library_finds(shipped):
+    """Where the library's search ends, the bounded one gives the same text, and leaves the matcher as it was."""
+    model, tokenizer = shipped
+    compiler = GrammarCompiler(tokenizer, model.config.vocab_size, model.config.eos_token_ids)
+    constraints = [StructuredOutput(json=PERSON),
+                   StructuredOutput(choice=["😀 yes", "😀 no", "日本語", "日本人", "é", "è"]),
+                   StructuredOutput(json={"type": "array", "items": {"enum": ["alpha", "alphabet", "beta"]}}),
+                   StructuredOutput(regex="(ab|cd)x{40}")]
+    generator = torch.Generator().manual_seed(0)
+    bitmask = allocate_bitmask(1, model.config.vocab_size)
+    for constraint in constraints:
+        matcher = compiler.matcher(compiler.compile(constraint))
+        for _ in range(60):
+            matcher.fill(bitmask, 0)
+            before = bitmask.clone()
+            assert matcher.jump_forward() == matcher._matcher.find_jump_forward_string()
+            assert len(matcher.jump_forward(max_bytes=5).encode()) <= 5
+            matcher.fill(bitmask, 0)
+            assert torch.equal(bitmask, before)
+            logits = torch.randn(1, model.config.vocab_size, generator=generator) * 3
+            apply_bitmask(logits, bitmask)
+            assert matcher.accept(int(torch.multinomial(logits.softmax(-1), 1, generator=generator)))
+            if matcher.is_finished:
+                break
+    compiler.close()

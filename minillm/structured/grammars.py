@@ -28,6 +28,7 @@ from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import torch
 import xgrammar as xgr
 
@@ -35,6 +36,7 @@ from minillm import native
 from minillm.structured.constraint import StructuredOutput
 
 COMPILE_WORKERS = 4
+MAX_JUMP_BYTES = 256  # the most forced text one jump-forward looks for (the engine keeps what fits its limits)
 
 
 class GrammarCompiler:
@@ -47,6 +49,7 @@ class GrammarCompiler:
         self._pool = ThreadPoolExecutor(max_workers=COMPILE_WORKERS, thread_name_prefix="grammar-compile")
         self._futures: dict[tuple[str, str], Future] = {}
         self._lock = threading.Lock()
+        self._first_bytes: np.ndarray | None = None  # Matcher.jump_forward's table, made once
 
     def submit(self, constraint: StructuredOutput) -> Future:
         """The compiled grammar of `constraint`, as a future: compiled once on the worker thread,
@@ -82,7 +85,9 @@ class GrammarCompiler:
 
     def matcher(self, grammar: xgr.CompiledGrammar) -> Matcher:
         """A fresh walk through `grammar` (one per request, per sample)."""
-        return Matcher(grammar)
+        if self._first_bytes is None:
+            self._first_bytes = token_first_bytes(self.info)
+        return Matcher(grammar, self._first_bytes)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -120,8 +125,11 @@ def _bitmask_library() -> ctypes.CDLL | str:
 class Matcher:
     """One request's walk through its grammar."""
 
-    def __init__(self, grammar: xgr.CompiledGrammar):
+    def __init__(self, grammar: xgr.CompiledGrammar, first_bytes: np.ndarray | None = None):
         self._matcher = xgr.GrammarMatcher(grammar)  # rollback is unlimited
+        self._grammar = grammar
+        self._first_bytes = first_bytes  # jump_forward's table (token_first_bytes), made on first use if not given
+        self._probe: torch.Tensor | None = None  # its one-row bitmask
 
     def accept(self, token_id: int) -> bool:
         """Advance by `token_id`; False (and no change) when the grammar does not allow it."""
@@ -139,6 +147,49 @@ class Matcher:
         """The output is complete and its end-of-sequence token accepted."""
         return self._matcher.is_terminated()
 
-    def jump_forward(self) -> str:
-        """The text every allowed continuation starts with (empty when there is a choice to make)."""
-        return self._matcher.find_jump_forward_string()
+    def jump_forward(self, max_bytes: int = MAX_JUMP_BYTES) -> str:
+        """The text every allowed continuation starts with (empty when there is a choice to make), at most
+        `max_bytes` long, in whole UTF-8 characters. The library's own search (find_jump_forward_string)
+        has no bound: a grammar that forces text forever (root ::= "a" root; a schema whose required
+        property is itself) fills memory until the process dies. So the forced bytes are found here one at a
+        time: the tokens the grammar allows next all start with the same byte (no end-of-sequence among them)
+        — with a byte-level vocabulary, where every byte is a token, exactly when that byte is the only one
+        allowed; otherwise the byte any token the model could take starts with. Each is accepted, and all
+        are rolled back at the end: the matcher is left as it was."""
+        if self._first_bytes is None:
+            self._first_bytes = token_first_bytes(self._grammar.tokenizer_info)
+        firsts = self._first_bytes
+        if self._probe is None:
+            self._probe = allocate_bitmask(1, len(firsts))
+        forced = bytearray()
+        try:
+            while len(forced) < max_bytes and not self._matcher.is_terminated():
+                self._matcher.fill_next_token_bitmask(self._probe, 0)
+                bits = np.unpackbits(self._probe[0].numpy().astype("<i4").view(np.uint8), bitorder="little")
+                allowed = firsts[bits[: len(firsts)].view(bool)]  # bit t % 32 of word t // 32: token t
+                if not len(allowed) or allowed.min() < 0 or allowed.min() != allowed.max():
+                    break  # nothing, the end, or a choice
+                if not self._matcher.accept_string(bytes([int(allowed[0])])):
+                    break
+                forced.append(int(allowed[0]))
+        finally:
+            if forced:
+                self._matcher.rollback(len(forced))  # each accept_string is one step back
+        return _whole_characters(bytes(forced))
+
+
+def token_first_bytes(info: xgr.TokenizerInfo) -> np.ndarray:
+    """(vocab,) int16: each token's first byte, -1 for a token that cannot be told from its first byte (stop and
+    special tokens, empty ones): jump_forward stops where one of them is allowed."""
+    firsts = np.array([token[0] if token else -1 for token in info.decoded_vocab], dtype=np.int16)
+    special = [t for t in (*info.stop_token_ids, *info.special_token_ids) if 0 <= t < len(firsts)]
+    firsts[special] = -1
+    return firsts
+
+
+def _whole_characters(data: bytes) -> str:
+    """The leading whole UTF-8 characters of `data` (none when it starts inside one)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        return data[: err.start].decode("utf-8")
