@@ -320,6 +320,8 @@ class AsyncLLM:
 
     async def _run(self, epoch: int) -> None:
         lock = self.engine.lock
+        waits: dict = {}  # a compiling grammar's future -> the asyncio future awaiting it: one each, however
+        #                   many rounds it takes (each wrap adds a callback to the grammar's future)
         while epoch == self._epoch:
             try:
                 with lock:
@@ -339,7 +341,8 @@ class AsyncLLM:
                 try:
                     if compiling:  # the loop runs meanwhile; a submission or an abort wakes nobody, but is
                         #            taken within GRAMMAR_WAIT_S
-                        await asyncio.wait([asyncio.wrap_future(f) for f in compiling], timeout=GRAMMAR_WAIT_S,
+                        waits = {f: waits.get(f) or asyncio.wrap_future(f) for f in compiling}
+                        await asyncio.wait(list(waits.values()), timeout=GRAMMAR_WAIT_S,
                                            return_when=asyncio.FIRST_COMPLETED)
                     await _let_the_loop_run()  # its other work between steps: I/O, submissions, aborts
                 except asyncio.CancelledError:  # the event loop is shutting down: nobody will await these

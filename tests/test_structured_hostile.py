@@ -3,9 +3,11 @@ engine core process): every case here once found a defect. A bad constraint is a
 names the problem; a grammar the engine cannot serve fails its own request alone; nothing hangs, crashes, leaks
 or keeps growing; an output that ends with "stop" matches its constraint."""
 
+import asyncio
 import json
 import pickle
 import re
+import threading
 
 import jsonschema
 import numpy as np
@@ -13,6 +15,7 @@ import pytest
 import torch
 
 import minillm
+from minillm.async_engine import AsyncLLM
 from minillm.config import EngineConfig
 from minillm.engine import LLMEngine
 from minillm.sampling import SamplingParams
@@ -183,4 +186,46 @@ def test_the_bounded_jump_forward_finds_what_the_library_finds(shipped):
             assert matcher.accept(int(torch.multinomial(logits.softmax(-1), 1, generator=generator)))
             if matcher.is_finished:
                 break
+    compiler.close()
+
+
+# ---------------------------------------------------------------------------------------- the compiler
+class HeldCompiler(GrammarCompiler):
+    """Compiles like the real one, but a regex starting with "held:" waits for `release` (a compilation that
+    takes as long as the test wants)."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.release = threading.Event()
+
+    def _compile(self, constraint):
+        if constraint.kind == "regex" and constraint.regex.startswith("held:"):
+            assert self.release.wait(30)
+        return super()._compile(constraint)
+
+
+def held_engine(shipped, **options) -> tuple[LLMEngine, HeldCompiler]:
+    model, tokenizer = shipped
+    engine = make_engine(shipped, **options)
+    engine.structured._compiler = HeldCompiler(tokenizer, model.config.vocab_size, model.config.eos_token_ids)
+    return engine, engine.structured._compiler
+
+
+def test_an_async_engine_waiting_on_a_held_grammar_does_not_pile_up_callbacks(shipped):
+    """AsyncLLM wrapped each compiling grammar's future anew every GRAMMAR_WAIT_S, each wrap adding a callback to
+    it: 20 a second for as long as the compilation took, all fired at once when it ended."""
+    engine, compiler = held_engine(shipped)
+    llm = AsyncLLM(engine=engine)
+
+    async def scenario():
+        slow = llm.submit("ROMEO:", SamplingParams(temperature=0, max_new_tokens=6, structured={"regex": "held:[0-9]"}))
+        await asyncio.sleep(0.6)  # a dozen rounds of waiting
+        future = next(iter(engine.requests.values())).grammar
+        callbacks = len(future._done_callbacks)
+        compiler.release.set()
+        return callbacks, await asyncio.wait_for(slow, 30)
+
+    callbacks, output = asyncio.run(scenario())
+    assert callbacks <= 2, callbacks
+    assert output.finish_reason == "stop" and re.fullmatch("held:[0-9]", output.text)
     compiler.close()
