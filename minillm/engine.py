@@ -356,6 +356,8 @@ class LLMEngine:
             self.scheduler.finish(sample, reason)
             sample.error = error
             sample.metrics.finish_time = now
+        if request.grammar is not None:  # ended while its grammar compiles: the compilation may be dropped
+            self.structured.forget(request, self.scheduler.waiting)
         if not self._in_step:
             self._record_between_steps()
         return True

@@ -211,6 +211,56 @@ def held_engine(shipped, **options) -> tuple[LLMEngine, HeldCompiler]:
     return engine, engine.structured._compiler
 
 
+def test_compiled_grammars_are_kept_for_the_latest_constraints_only(shipped, monkeypatch):
+    """Every distinct constraint ever compiled was kept (tens of KB each here, far more with a real vocabulary):
+    a client sending distinct schemas grew the engine's memory without bound."""
+    from minillm.structured import grammars
+
+    monkeypatch.setattr(grammars, "MAX_CACHED", 3)
+    model, tokenizer = shipped
+    compiler = GrammarCompiler(tokenizer, model.config.vocab_size, model.config.eos_token_ids)
+    first = compiler.submit(StructuredOutput(regex="[0-9]{1}"))
+    for n in range(2, 12):
+        compiler.compile(StructuredOutput(regex=f"[0-9]{{{n}}}"))
+        assert len(compiler._futures) <= 3
+    latest = compiler.submit(StructuredOutput(regex="[0-9]{11}"))
+    assert compiler.submit(StructuredOutput(regex="[0-9]{11}")) is latest  # still shared
+    assert compiler.submit(StructuredOutput(regex="[0-9]{1}")) is not first  # compiled again
+    compiler.close()
+
+
+def test_a_request_that_leaves_before_its_grammar_compiles_cancels_the_compilation(shipped):
+    """Aborted requests' compilations still ran, one after another, ahead of everyone who came later: a client
+    that sent thousands of schemas and disconnected held up every structured request after it."""
+    engine, compiler = held_engine(shipped)
+    held = [engine.add_request("ROMEO:", SamplingParams(temperature=0, max_new_tokens=8,
+                                                        structured={"regex": f"held:{i}[0-9]"})).request_id
+            for i in range(4)]  # every worker busy
+    queued = {"regex": "q[0-9]{2}"}
+    b = engine.add_request("ROMEO:", SamplingParams(temperature=0, max_new_tokens=8, structured=queued))
+    c = engine.add_request("ROMEO:", SamplingParams(temperature=0.7, seed=1, max_new_tokens=8, structured=queued))
+    assert b.grammar is c.grammar and not b.grammar.running()
+    engine.abort(b.request_id)
+    assert not c.grammar.cancelled()  # c still waits for it
+    engine.abort(c.request_id)
+    assert c.grammar.cancelled() and StructuredOutput(**queued).key not in compiler._futures
+    engine.abort(held[0])  # already compiling: it runs on, nobody is hurt
+    d = engine.add_request("ROMEO:", SamplingParams(temperature=0, max_new_tokens=8, structured=queued))
+    assert d.grammar is not c.grammar
+    compiler.release.set()
+    for _ in range(200):
+        if not engine.has_unfinished():
+            break
+        engine.step()
+    for request_id in held[1:] + [d.request_id]:
+        output = engine.output(request_id)
+        assert output.finish_reason == "stop", (output.finish_reason, output.error)
+    assert re.fullmatch("q[0-9]{2}", engine.output(d.request_id).text)
+    for request_id in held + [b.request_id, c.request_id, d.request_id]:
+        engine.release(request_id)
+    compiler.close()
+
+
 def test_an_async_engine_waiting_on_a_held_grammar_does_not_pile_up_callbacks(shipped):
     """AsyncLLM wrapped each compiling grammar's future anew every GRAMMAR_WAIT_S, each wrap adding a callback to
     it: 20 a second for as long as the compilation took, all fired at once when it ended."""

@@ -3,7 +3,8 @@
 The engine (minillm/structured/manager.py, step_masks.py) touches a library only through these:
 
     GrammarBackend   submit(constraint) -> Future of a compiled grammar (cached per constraint, off the step
-                     loop); matcher(grammar) -> a fresh GrammarWalker; close()
+                     loop); cancel(constraint, future) when nobody waits for it any more;
+                     matcher(grammar) -> a fresh GrammarWalker; close()
     GrammarWalker    accept(token) / rollback(n) / fill(bitmask, row) / is_finished / jump_forward()
 
 The bitmask is one bit per token, 32 tokens to an int32 word, token t at bit t % 32 of word t // 32 —
@@ -47,6 +48,8 @@ class GrammarBackend(Protocol):
     """Compiles constraints against one tokenizer, and starts walks through what it compiled."""
 
     def submit(self, constraint: StructuredOutput) -> Future: ...
+
+    def cancel(self, constraint: StructuredOutput, future: Future) -> None: ...
 
     def matcher(self, grammar: Any) -> GrammarWalker: ...
 

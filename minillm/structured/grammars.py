@@ -24,6 +24,7 @@ import functools
 import json
 import re
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -37,6 +38,7 @@ from minillm.structured.constraint import StructuredOutput
 
 COMPILE_WORKERS = 4
 MAX_JUMP_BYTES = 256  # the most forced text one jump-forward looks for (the engine keeps what fits its limits)
+MAX_CACHED = 256  # compiled grammars kept for requests to come (each holds its masks: tens of KB to MBs)
 
 
 class GrammarCompiler:
@@ -47,19 +49,37 @@ class GrammarCompiler:
         self._compiler = xgr.GrammarCompiler(self.info, max_threads=1)
         # several workers: a constraint that takes long to compile holds up only requests with that constraint
         self._pool = ThreadPoolExecutor(max_workers=COMPILE_WORKERS, thread_name_prefix="grammar-compile")
-        self._futures: dict[tuple[str, str], Future] = {}
+        self._futures: OrderedDict[tuple[str, str], Future] = OrderedDict()  # least recently used first
         self._lock = threading.Lock()
         self._first_bytes: np.ndarray | None = None  # Matcher.jump_forward's table, made once
 
     def submit(self, constraint: StructuredOutput) -> Future:
         """The compiled grammar of `constraint`, as a future: compiled once on the worker thread,
         shared by every equal constraint. A malformed one fails its future with a ValueError that
-        gives the library's reason."""
+        gives the library's reason. The MAX_CACHED constraints used last stay compiled (and every one
+        still compiling); older ones are compiled again when asked for again."""
         with self._lock:
             future = self._futures.get(constraint.key)
-            if future is None:
+            if future is None or future.cancelled():
                 future = self._futures[constraint.key] = self._pool.submit(self._compile, constraint)
+                self._evict()
+            else:
+                self._futures.move_to_end(constraint.key)
             return future
+
+    def cancel(self, constraint: StructuredOutput, future: Future) -> None:
+        """Nobody waits for `future` any more: if its compilation has not started, it never will (a client
+        that sent thousands of constraints and left does not hold up the compilations of those after it)."""
+        with self._lock:
+            if future.cancel() and self._futures.get(constraint.key) is future:
+                del self._futures[constraint.key]
+
+    def _evict(self) -> None:
+        """Forget the compiled (or failed) constraints used longest ago, beyond MAX_CACHED."""
+        excess = len(self._futures) - MAX_CACHED
+        if excess > 0:
+            for key in [key for key, future in self._futures.items() if future.done()][:excess]:
+                del self._futures[key]
 
     def compile(self, constraint: StructuredOutput) -> xgr.CompiledGrammar:
         """`submit(constraint).result()`: waits for it."""

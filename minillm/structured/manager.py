@@ -49,13 +49,21 @@ class StructuredOutputManager:
         for request in waiting:
             if request.is_ready or not request.grammar.done():
                 continue
-            error = request.grammar.exception()
+            error = request.grammar.exception() if not request.grammar.cancelled() else RuntimeError(
+                "the structured output's compilation was cancelled")
             if error is not None:
                 failed.append((request, error))
                 continue
             for sample in request.samples:
                 sample.matcher = self.compiler.matcher(request.grammar.result())
         return failed
+
+    def forget(self, request: Request, waiting: Iterable[Request]) -> None:
+        """`request` ended before its grammar compiled: unless a waiting request shares the compilation,
+        it is cancelled if it has not started."""
+        future = request.grammar
+        if future is not None and not future.done() and not any(r.grammar is future for r in waiting):
+            self.compiler.cancel(request.params.structured, future)
 
     @staticmethod
     def compiling(waiting: Iterable[Request]) -> list[Future]:
