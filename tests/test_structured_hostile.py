@@ -16,7 +16,7 @@ import torch
 
 import minillm
 from minillm.async_engine import AsyncLLM
-from minillm.config import EngineConfig
+from minillm.config import EngineConfig, SpeculativeConfig
 from minillm.engine import LLMEngine
 from minillm.sampling import SamplingParams
 from minillm.structured import StructuredOutput
@@ -279,3 +279,41 @@ def test_an_async_engine_waiting_on_a_held_grammar_does_not_pile_up_callbacks(sh
     assert callbacks <= 2, callbacks
     assert output.finish_reason == "stop" and re.fullmatch("held:[0-9]", output.text)
     compiler.close()
+
+
+# ---------------------------------------------------------------------------------------- faults in the library
+def test_a_fault_while_masking_a_guess_leaves_the_matcher_where_it_was(shipped, monkeypatch):
+    """A verifying row's mask is filled after accepting the guesses before it, which are rolled back after: a
+    fault in between left them accepted, and the retried step then masked the request's tokens as if they had
+    been kept — an output '{name": ...' that ended with "stop", breaking its schema."""
+    from minillm.structured.step_masks import StepMasks
+
+    spec = SpeculativeConfig(method="ngram", num_speculative_tokens=4)
+    prompt = '{"name": "ab", "age": 1} {"name": "ab", "age": 1} {"name": "ab", "age": 1} {"name":'
+    params = [SamplingParams(temperature=0, max_new_tokens=40, structured={"json": PERSON}),
+              SamplingParams(temperature=0, max_new_tokens=30)]
+    expected = run(make_engine(shipped, speculative=spec), [prompt, "ROMEO:"], params)
+    fill, faults = StepMasks.fill, []
+
+    def faulty_once(self, row, matcher, guesses=()):
+        if guesses and not faults:  # the second fill, after the first guess was accepted, fails
+            real, calls = matcher.fill, []
+
+            def failing(bitmask, at):
+                calls.append(at)
+                if len(calls) == 2:
+                    faults.append(at)
+                    del matcher.fill
+                    raise RuntimeError("a fault in the grammar library")
+                return real(bitmask, at)
+
+            matcher.fill = failing
+        return fill(self, row, matcher, guesses)
+
+    monkeypatch.setattr(StepMasks, "fill", faulty_once)
+    engine = make_engine(shipped, speculative=spec)
+    outputs = run(engine, [prompt, "ROMEO:"], params)
+    assert faults
+    assert [o.token_ids for o in outputs] == [o.token_ids for o in expected]
+    jsonschema.validate(json.loads(outputs[0].text), PERSON)
+

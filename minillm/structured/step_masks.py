@@ -29,16 +29,18 @@ class StepMasks:
         matcher.fill(self.bitmask, row)
         self.rows.append(row)
         accepted = 0
-        for j, guess in enumerate(guesses, start=1):
-            if not matcher.accept(guess):
-                break
-            accepted += 1
-            if matcher.is_finished:  # an end-of-sequence guess: nothing can follow it
-                break
-            matcher.fill(self.bitmask, row + j)
-            self.rows.append(row + j)
-        if accepted:
-            matcher.rollback(accepted)
+        try:
+            for j, guess in enumerate(guesses, start=1):
+                if not matcher.accept(guess):
+                    break
+                accepted += 1
+                if matcher.is_finished:  # an end-of-sequence guess: nothing can follow it
+                    break
+                matcher.fill(self.bitmask, row + j)
+                self.rows.append(row + j)
+        finally:  # whatever happens: a matcher left past guesses the request never kept would mask what follows
+            if accepted:  # as if they had been — and let through an output that breaks its grammar
+                matcher.rollback(accepted)
 
     def dead_rows(self) -> list[int]:
         """The masked rows that allow no token at all: a grammar the vocabulary cannot continue."""
