@@ -447,7 +447,11 @@ class LLMEngine:
             before = request.num_output_tokens - count
             request.output_logprobs.extend(result.logprobs.get(request.request_id, ()))
             delta = self._emit(request, now, count)
-            forced = self._jump_forward(request) if not request.status.is_done else 0
+            try:
+                forced = self._jump_forward(request) if not request.status.is_done else 0
+            except Exception as err:  # the grammar library failed on this request's walk: it alone fails
+                forced = 0
+                self.fail(request.request_id, err)
             if forced:  # the grammar's forced text: the matcher has it already; it runs in the next pass
                 delta += self._emit(request, now, forced, advance=False)
             updates.append(StepUpdate(self._top(request.request_id).request_id, delta, False, request.sample_index,
@@ -618,7 +622,7 @@ class LLMEngine:
             if request.matcher is not None and advance:  # structured outputs: the grammar follows; complete, it stops
                 try:
                     self.structured.advance(request, so_far[-1])
-                except ValueError as err:
+                except Exception as err:  # refused, or the grammar library failed: this request alone fails
                     del request.output_token_ids[index:]
                     del request.output_logprobs[index:]
                     self.fail(request.request_id, err)

@@ -317,3 +317,42 @@ def test_a_fault_while_masking_a_guess_leaves_the_matcher_where_it_was(shipped, 
     assert [o.token_ids for o in outputs] == [o.token_ids for o in expected]
     jsonschema.validate(json.loads(outputs[0].text), PERSON)
 
+
+@pytest.mark.parametrize("where", ["accept", "jump_forward", "matcher"])
+def test_a_fault_in_the_grammar_library_fails_its_request_alone(shipped, monkeypatch, where):
+    """A library error while following a token, finding forced text or starting a walk went out of the step
+    (every request in flight ended with it); now only the request whose grammar it was fails, with the reason."""
+    from minillm.structured import grammars
+
+    others = [("Give me the record as JSON:", SamplingParams(temperature=0, max_new_tokens=60,
+                                                             structured={"json": PERSON})),
+              ("ROMEO:", SamplingParams(temperature=0.8, seed=2, max_new_tokens=30))]
+    expected = run(make_engine(shipped, jump_forward=True), [p for p, _ in others], [q for _, q in others])
+    engine = make_engine(shipped, jump_forward=True)
+    victim = engine.add_request("KING:", SamplingParams(temperature=0, max_new_tokens=30,
+                                                        structured={"regex": "fault: [a-z]{3}[0-9]{6}"}))
+    doomed = victim.grammar.result()
+
+    def fail_on(method):
+        real = getattr(grammars.Matcher, method)
+
+        def failing(self, *args):
+            if self._grammar is doomed and (method != "accept" or getattr(self, "taken", 0) >= 3):
+                raise RuntimeError(f"a fault in the grammar library's {method}")
+            self.taken = getattr(self, "taken", 0) + (method == "accept")
+            return real(self, *args)
+        return failing
+
+    if where == "matcher":
+        real_matcher = grammars.GrammarCompiler.matcher
+        monkeypatch.setattr(grammars.GrammarCompiler, "matcher", lambda self, grammar: real_matcher(self, grammar)
+                            if grammar is not doomed else (_ for _ in ()).throw(RuntimeError("no walk")))
+    else:
+        monkeypatch.setattr(grammars.Matcher, where, fail_on(where))
+    outputs = run(engine, [p for p, _ in others], [q for _, q in others])
+    while engine.has_unfinished():
+        engine.step()
+    failed = engine.output(victim.request_id)
+    engine.release(victim.request_id)
+    assert failed.finish_reason == "error" and "RuntimeError" in failed.error, failed.error
+    assert [o.token_ids for o in outputs] == [o.token_ids for o in expected]

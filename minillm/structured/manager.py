@@ -54,8 +54,13 @@ class StructuredOutputManager:
             if error is not None:
                 failed.append((request, error))
                 continue
-            for sample in request.samples:
-                sample.matcher = self.compiler.matcher(request.grammar.result())
+            try:
+                matchers = [self.compiler.matcher(request.grammar.result()) for _ in request.samples]
+            except Exception as err:  # the library cannot start a walk through it: this request alone fails
+                failed.append((request, err))
+                continue
+            for sample, matcher in zip(request.samples, matchers):
+                sample.matcher = matcher
         return failed
 
     def forget(self, request: Request, waiting: Iterable[Request]) -> None:
