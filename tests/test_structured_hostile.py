@@ -356,3 +356,36 @@ def test_a_fault_in_the_grammar_library_fails_its_request_alone(shipped, monkeyp
     engine.release(victim.request_id)
     assert failed.finish_reason == "error" and "RuntimeError" in failed.error, failed.error
     assert [o.token_ids for o in outputs] == [o.token_ids for o in expected]
+
+
+# ---------------------------------------------------------------------------------------- regex semantics
+@pytest.mark.parametrize("regex, match", [
+    ("ab\\Z", r"escape \\Z"), ("\\Aab", r"escape \\A"), ("a\\z", r"escape \\z"), ("\\Qa.b\\E", r"escape \\Q"),
+    ("a^b", "'\\^' at position 1"), ("a$b", "'\\$' at position 1"), ("x(?:^a)", "'\\^' at position 4"),
+])
+def test_regex_constructs_the_library_would_read_otherwise_fail_their_request(shipped, regex, match):
+    """xgrammar matched \\Z as the letter Z and dropped a ^ or $ inside a sequence: every output of 'ab\\Z' was
+    'abZ', every output of 'a$b' was 'ab', each ending with "stop" and matching nothing in Python's re. Now the
+    request fails with the reason (when its grammar compiles: a server checks these first, in its own words)."""
+    model, tokenizer = shipped
+    compiler = GrammarCompiler(tokenizer, model.config.vocab_size, model.config.eos_token_ids)
+    with pytest.raises(ValueError, match=match):
+        compiler.compile(StructuredOutput(regex=regex))
+    for fine in ("^ab$", "a|^b", "a$|b", "(^a|b)", "[$^]", "\\^\\$", "\\d\\w\\s\\x41"):
+        compiler.compile(StructuredOutput(regex=fine))
+    compiler.close()
+    engine = make_engine(shipped)
+    outputs = run(engine, ["a", "b"], [SamplingParams(structured={"regex": regex}), SamplingParams(max_new_tokens=3)])
+    assert outputs[0].finish_reason == "error" and re.search(match, outputs[0].error), outputs[0].error
+    assert outputs[1].finish_reason == "length"
+
+
+def test_a_dot_in_a_regex_matches_no_newline(shipped):
+    """xgrammar's '.' matches a newline too: most of these outputs ended with "stop" and failed re.fullmatch."""
+    regex = "ROMEO:(.){1,6}"
+    engine = make_engine(shipped, max_num_seqs=8)
+    prompt = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\n"
+    outputs = run(engine, [prompt] * 8, [SamplingParams(temperature=1.2, seed=i, max_new_tokens=20,
+                                                        structured={"regex": regex}) for i in range(8)])
+    assert all(o.finish_reason == "stop" for o in outputs)
+    assert all(re.fullmatch(regex, o.text) for o in outputs), [o.text for o in outputs]

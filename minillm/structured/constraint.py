@@ -160,3 +160,59 @@ def _check_depth(schema: dict) -> None:
         if seen > MAX_TEXT_CHARS:  # every member takes at least a character of the schema's text
             raise ValueError(f"json: the schema is longer than {MAX_TEXT_CHARS:,} characters")
         todo += [(child, depth + 1) for child in children if isinstance(child, dict | list | tuple)]
+
+
+# escapes the grammar library reads as Python's re does (or refuses itself: \\b \\B \\k \\p \\P, back-references);
+# any other letter it would match literally where re means something else (\\A, \\Z, \\z, \\G, \\Q...)
+REGEX_ESCAPES = set("dDwWsSnrtfva0xuce") | set("bBkpP")
+
+
+def _regex_atoms(pattern: str):
+    """(position, text, inside a class) for each piece of `pattern`: an escape ("\\d") or one character."""
+    in_class, first, i = False, 0, 0  # first: where the open class's first member is (a "]" there is one)
+    while i < len(pattern):
+        if pattern[i] == "\\" and i + 1 < len(pattern):
+            yield i, pattern[i : i + 2], in_class
+            i += 2
+            continue
+        char = pattern[i]
+        yield i, char, in_class
+        if in_class:
+            in_class = char != "]" or i == first
+        elif char == "[":
+            in_class, first = True, i + 2 if pattern.startswith("[^", i) else i + 1
+        i += 1
+
+
+def _check_regex(pattern: str) -> None:
+    """Refuse what the grammar library would read otherwise than Python's re (the output must fullmatch it):
+    an escape it takes literally, and ^ or $ inside a sequence (it drops them; there they match nothing)."""
+    atoms = list(_regex_atoms(pattern))
+    texts = [atom for _, atom, in_class in atoms]
+    for k, (i, atom, in_class) in enumerate(atoms):
+        if len(atom) == 2 and atom[1].isascii() and atom[1].isalpha() and atom[1] not in REGEX_ESCAPES:
+            raise ValueError(f"regex: the escape {atom} (position {i}) is not supported: the grammar library would "
+                             f"match {atom[1]!r} literally")
+        if in_class or atom not in ("^", "$"):
+            continue
+        if atom == "^":  # before it, only group openings back to the start or a "|"
+            j = k - 1
+            while j >= 0 and (texts[j] == "(" or texts[j - 2 : j + 1] == ["(", "?", ":"]):
+                j -= 1 if texts[j] == "(" else 3
+            alone = j < 0 or texts[j] == "|"
+        else:  # after it, only group closings up to the end or a "|"
+            j = k + 1
+            while j < len(texts) and texts[j] == ")":
+                j += 1
+            alone = j == len(texts) or texts[j] == "|"
+        if not alone:
+            raise ValueError(f"regex: {atom!r} at position {i} is supported only at the start or end of the regex "
+                             "or of an alternative (the grammar library ignores it elsewhere)")
+
+
+def regex_for_library(pattern: str) -> str:
+    """The pattern as the grammar library should get it, or a ValueError for what it would read otherwise than
+    Python's re (checked when compiling: a server checks these itself first, in its own words): "." outside a
+    class as [^\\n], which it is in re (the library's "." also matches a newline)."""
+    _check_regex(pattern)
+    return "".join("[^\\n]" if atom == "." and not in_class else atom for _, atom, in_class in _regex_atoms(pattern))

@@ -34,7 +34,7 @@ import torch
 import xgrammar as xgr
 
 from minillm import native
-from minillm.structured.constraint import StructuredOutput
+from minillm.structured.constraint import StructuredOutput, regex_for_library
 
 COMPILE_WORKERS = 4
 MAX_JUMP_BYTES = 256  # the most forced text one jump-forward looks for (the engine keeps what fits its limits)
@@ -93,7 +93,7 @@ class GrammarCompiler:
             if kind == "json_object":
                 return self._compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
             if kind == "regex":
-                return self._compiler.compile_regex(constraint.regex)
+                return self._compiler.compile_regex(regex_for_library(constraint.regex))
             if kind == "choice":  # one EBNF alternative per string, each a JSON-escaped literal
                 alternatives = " | ".join(json.dumps(c, ensure_ascii=False) for c in constraint.choice)
                 return self._compiler.compile_grammar(f"root ::= {alternatives}")
