@@ -389,3 +389,38 @@ def test_a_dot_in_a_regex_matches_no_newline(shipped):
                                                         structured={"regex": regex}) for i in range(8)])
     assert all(o.finish_reason == "stop" for o in outputs)
     assert all(re.fullmatch(regex, o.text) for o in outputs), [o.text for o in outputs]
+
+
+# ---------------------------------------------------------------------------------------- grammars that crash
+def test_a_grammar_that_crashes_the_library_fails_its_request_alone(shipped):
+    """xgrammar 0.2.9 segfaults compiling `root ::= root{2}` (a rule repeated into itself): the compile thread
+    took the engine's whole process down — the engine core's, or a server's. A user's EBNF grammar is now
+    compiled in a separate process first; one that kills it is refused with the reason, and the next grammar
+    gets a fresh one."""
+    grammars = ["root ::= root{2}", 'root ::= x{1}\nx ::= root', 'root ::= ("a" | "b"){2,3}']
+    others = [("ROMEO:", SamplingParams(temperature=0.8, seed=4, max_new_tokens=20)),
+              ("Give me the record as JSON:", SamplingParams(temperature=0, max_new_tokens=40,
+                                                             structured={"json": PERSON}))]
+    expected = run(make_engine(shipped), [p for p, _ in others], [q for _, q in others])
+    engine = make_engine(shipped)
+    outputs = run(engine, ["a:", "b:", "c:"] + [p for p, _ in others],
+                  [SamplingParams(temperature=0, max_new_tokens=10, structured={"grammar": g}) for g in grammars]
+                  + [q for _, q in others])
+    for crashed in outputs[:2]:
+        assert crashed.finish_reason == "error" and "crashes the grammar library" in crashed.error, crashed.error
+        assert "SIGSEGV" in crashed.error
+    assert outputs[2].finish_reason == "stop" and re.fullmatch("[ab]{2,3}", outputs[2].text)
+    assert [o.token_ids for o in outputs[3:]] == [o.token_ids for o in expected]
+    engine.structured.close()
+
+
+def test_a_grammar_the_sandbox_cannot_finish_in_time_is_refused(shipped, monkeypatch):
+    from minillm.structured import grammars
+
+    monkeypatch.setattr(grammars, "SANDBOX_TIMEOUT_S", 0.001)  # not even time to start
+    model, tokenizer = shipped
+    compiler = GrammarCompiler(tokenizer, model.config.vocab_size, model.config.eos_token_ids)
+    with pytest.raises(ValueError, match="took longer than 0.001 s to compile"):
+        compiler.compile(StructuredOutput(grammar='root ::= "a"'))
+    assert compiler._sandbox._process is None  # killed
+    compiler.close()

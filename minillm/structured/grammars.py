@@ -19,10 +19,15 @@ ready — what vLLM does too).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import json
 import re
+import select
+import signal
+import subprocess
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -38,6 +43,7 @@ from minillm.structured.constraint import StructuredOutput, regex_for_library
 
 COMPILE_WORKERS = 4
 MAX_JUMP_BYTES = 256  # the most forced text one jump-forward looks for (the engine keeps what fits its limits)
+SANDBOX_TIMEOUT_S = 60.0  # the longest a user's EBNF grammar may take to compile (GrammarSandbox)
 MAX_CACHED = 256  # compiled grammars kept for requests to come (each holds its masks: tens of KB to MBs)
 
 
@@ -51,6 +57,7 @@ class GrammarCompiler:
         self._pool = ThreadPoolExecutor(max_workers=COMPILE_WORKERS, thread_name_prefix="grammar-compile")
         self._futures: OrderedDict[tuple[str, str], Future] = OrderedDict()  # least recently used first
         self._lock = threading.Lock()
+        self._sandbox = GrammarSandbox(self.info)
         self._first_bytes: np.ndarray | None = None  # Matcher.jump_forward's table, made once
 
     def submit(self, constraint: StructuredOutput) -> Future:
@@ -97,6 +104,7 @@ class GrammarCompiler:
             if kind == "choice":  # one EBNF alternative per string, each a JSON-escaped literal
                 alternatives = " | ".join(json.dumps(c, ensure_ascii=False) for c in constraint.choice)
                 return self._compiler.compile_grammar(f"root ::= {alternatives}")
+            self._sandbox.check(constraint.grammar)  # a grammar that crashes the library: refused, not run here
             return self._compiler.compile_grammar(constraint.grammar)
         except (RuntimeError, ValueError) as err:
             lines = str(err).strip().splitlines() or [type(err).__name__]
@@ -111,6 +119,78 @@ class GrammarCompiler:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._sandbox.close()
+
+
+_SANDBOX = """
+import json, sys
+import xgrammar as xgr
+compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.deserialize_json(sys.stdin.readline()), max_threads=1,
+                               cache_enabled=False)
+for line in sys.stdin:
+    try:
+        compiler.compile_grammar(json.loads(line))
+    except Exception:
+        pass  # refused cleanly: compiled again in the engine's process, which gives the reason
+    print("done", flush=True)
+"""
+
+
+class GrammarSandbox:
+    """A user's EBNF grammar compiled in a separate process first: some crash the library outright
+    (xgrammar 0.2.9 segfaults on `root ::= root{2}`, `root ::= x{1}  x ::= root`...), which in the engine's
+    process would end every request with it. The child (one, started on the first grammar, kept) compiles
+    each grammar against the same vocabulary; one that kills it, or takes over SANDBOX_TIMEOUT_S, is refused
+    with that reason, and the next grammar starts a fresh child. JSON schemas, regexes and choices reach the
+    library through its own converters, and skip this."""
+
+    def __init__(self, info: xgr.TokenizerInfo):
+        self._info = info.serialize_json()
+        self._process: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+
+    def check(self, grammar: str) -> None:
+        with self._lock:
+            try:
+                process = self._process or self._start()
+                process.stdin.write(json.dumps(grammar) + "\n")
+                process.stdin.flush()
+                answered = select.select([process.stdout], [], [], SANDBOX_TIMEOUT_S)[0]
+                line = process.stdout.readline() if answered else None
+            except OSError:  # the child is gone (it died on the previous grammar's heels, say)
+                line = ""
+            if line:
+                return
+            code = self._stop()
+            if line is None:
+                raise ValueError(f"it took longer than {SANDBOX_TIMEOUT_S:g} s to compile")
+            how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
+            raise ValueError(f"it crashes the grammar library (the compilation, in a separate process, ended with "
+                             f"{how})")
+
+    def _start(self) -> subprocess.Popen:
+        self._process = subprocess.Popen([sys.executable, "-c", _SANDBOX], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self._process.stdin.write(self._info + "\n")
+        return self._process
+
+    def _stop(self) -> int | None:
+        process, self._process = self._process, None
+        if process is None:
+            return None
+        process.kill()
+        try:
+            return process.wait(5)
+        except subprocess.TimeoutExpired:
+            return None
+        finally:
+            for stream in (process.stdin, process.stdout):
+                with contextlib.suppress(OSError):
+                    stream.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop()
 
 
 def allocate_bitmask(rows: int, vocab_size: int) -> torch.Tensor:
