@@ -96,7 +96,7 @@ def decode_step_ms(engine: LLMEngine, batch: int, first_step: int) -> float:
 def run_way(engine: LLMEngine, ids: list[int], batch: int, tokens: int, way: str) -> tuple[float, float]:
     """(median all-decoding step ms, output tokens per second) of one batch run."""
     structured = {"json": SCHEMA} if way == "masked" else None
-    params = SamplingParams(temperature=0, max_new_tokens=tokens, ignore_eos=True, structured=structured)
+    params = SamplingParams(temperature=0, max_new_tokens=tokens, ignore_eos=structured is None, structured=structured)
     first = engine.trace.next_step
     start = time.perf_counter()
     request_ids = [engine.add_request(ids, params).request_id for _ in range(batch)]
