@@ -120,6 +120,17 @@ def test_a_generator_of_choices_is_read_once_and_kept():
     assert StructuredOutput(choice=np.array(["yes", "no"])).choice == ("yes", "no")  # was "ambiguous truth value"
 
 
+def test_a_schema_changed_after_the_constraint_was_made_does_not_change_it():
+    """The constraint kept the caller's dict and computed its key later: a schema changed in between compiled as
+    one thing and was cached (and shared) under another's key."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    constraint = StructuredOutput(json=schema)
+    schema["properties"]["a"]["type"] = "string"
+    assert constraint.json["properties"]["a"]["type"] == "integer"
+    assert constraint == StructuredOutput(json={"type": "object", "properties": {"a": {"type": "integer"}},
+                                                "required": ["a"]})
+
+
 def test_numpy_values_in_a_schema_become_plain_json_and_cross_to_the_core():
     plain = StructuredOutput(json={"type": "integer", "minimum": 3, "maximum": 9, "uniqueItems": False})
     numpy = StructuredOutput(json={"type": "integer", "minimum": np.int64(3), "maximum": np.int32(9),
