@@ -26,8 +26,8 @@ from minillm.engine_core import ProcessAsyncLLM
 from minillm.server import build_app
 from minillm.server.chat_template import render_chat
 from minillm.server.grammar_check import GrammarCheck
-from minillm.server.json_schema_support import check_schema
 from minillm.server.tools import ArrayItems, ToolError, parse_tools
+from minillm.structured.schema_support import check_schema
 from tests.hf_reference import ByteTokenizer
 from tests.test_server import _config, _Server
 from tests.test_server_openai import char_tokenizer

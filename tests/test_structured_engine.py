@@ -294,7 +294,7 @@ def test_structured_params_are_checked_at_the_door():
     with pytest.raises(ValueError, match="StructuredOutput or a dict"):
         SamplingParams(structured="json")
     a = SamplingParams(structured={"json": {"type": "object", "required": ["a"], "properties": {"a": {}}}})
-    b = SamplingParams(structured={"json": '{"properties": {"a": {}}, "required": ["a"], "type": "object"}'})
+    b = SamplingParams(structured={"json": '{"type": "object", "required": ["a"],\n "properties": {"a": {}}}'})
     assert a == b and hash(a) == hash(b)
     assert dataclasses.replace(a, structured=None) != a
 
@@ -390,3 +390,18 @@ def test_a_grammar_that_allows_nothing_fails_its_request_alone(shipped, speculat
     monkeypatch.undo()
     expected = run(make_engine(shipped, kv="paged"), PROMPTS[2:], params[2:])
     assert [o.token_ids for o in outputs[2:]] == [o.token_ids for o in expected]
+
+
+def test_schema_keywords_the_library_would_ignore_fail_their_request_with_the_reason(shipped):
+    """xgrammar drops `not`, `multipleOf` on numbers, `uniqueItems`...: through the engine's own API too, such
+    a schema fails its request, naming the keyword, rather than run as if the keyword were not there."""
+    engine = make_engine(shipped, kv="paged")
+    ignored = [{"type": "object", "properties": {"a": {"type": "integer", "not": {"const": 3}}}},
+               {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
+               {"type": "object", "properties": {"x": {"minimum": 100}}}]
+    params = [SamplingParams(max_new_tokens=5, structured={"json": s}) for s in ignored]
+    params.append(SamplingParams(temperature=0, max_new_tokens=5))
+    outputs = run(engine, PROMPTS, params)
+    for output, word in zip(outputs, ("not", "uniqueItems", "minimum")):
+        assert output.finish_reason == "error" and word in output.error, output.error
+    assert outputs[-1].finish_reason == "length"

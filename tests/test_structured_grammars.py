@@ -96,10 +96,18 @@ def test_jump_forward_gives_the_text_the_grammar_forces(shipped):
 
 def test_equal_constraints_share_one_compilation(shipped):
     compiler = shipped[0]
-    first = compiler.submit(StructuredOutput(json={"type": "object", "required": ["a"]}))
-    again = compiler.submit(StructuredOutput(json='{"required": ["a"], "type": "object"}'))
+    schema = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "integer"}}, "required": ["a"]}
+    first = compiler.submit(StructuredOutput(json=schema))
+    again = compiler.submit(StructuredOutput(json=json.dumps(schema, indent=2)))
     assert first is again and first.result() is again.result()
     assert compiler.submit(StructuredOutput(regex="a+")) is not first
+    # the properties listed in another order are another constraint: the output follows the order given
+    swapped = {**schema, "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
+    assert compiler.submit(StructuredOutput(json=swapped)) is not first
+    for given, keys in ((schema, ["b", "a"]), (swapped, ["a", "b"])):
+        constraint = StructuredOutput(json={**given, "required": ["a", "b"]})
+        text, ended = walk(compiler, shipped[1], shipped[2], constraint, seed=0)
+        assert ended and list(json.loads(text)) == keys, text
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -121,7 +129,7 @@ def test_a_malformed_constraint_is_refused_when_made(kwargs, message):
 @pytest.mark.parametrize("constraint, reason", [
     (StructuredOutput(regex="(ab"), "the regex constraint could not be compiled: Regex parsing error"),
     (StructuredOutput(grammar="root ::= "), "the grammar constraint could not be compiled: EBNF parser error"),
-    (StructuredOutput(json={"type": "nonsense"}), 'the json constraint could not be compiled: Unsupported type'),
+    (StructuredOutput(json={"type": "nonsense"}), '$.type must be one of string, integer'),
 ])
 def test_what_the_library_cannot_compile_fails_its_future_with_the_reason(shipped, constraint, reason):
     future = shipped[0].submit(constraint)

@@ -3,7 +3,6 @@
     protocol.py       request bodies checked and turned into SamplingParams; the field policy; OpenAI's error shape
     structured_fields.py  response_format and vLLM's structured_outputs -> one StructuredOutput (chapter 11)
     tools.py          tools and tool_choice: a function's arguments as a constraint, the answer's tool_calls
-    json_schema_support.py  what xgrammar would silently ignore in a schema or regex: refused by name
     grammar_check.py  a request's constraint compiled before it is queued: what the library refuses is a 400
     body.py           request bodies read with a bound (413) and parsed off the event loop
     parse_worker.py   the helper process that parses large bodies (their parse holds no lock the engine needs)

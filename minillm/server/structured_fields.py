@@ -11,7 +11,7 @@
     tools, tool_choice  chat: a function's arguments (minillm/server/tools.py)
 
 At most one of them may constrain a request. A schema or a regex is checked against what the grammar
-library applies (json_schema_support.py) here, with the body; compiling it waits for app.py, which
+library applies (minillm/structured/schema_support.py) here, with the body; compiling it waits for app.py, which
 does it off the event loop before the request is queued. What this server refuses in
 structured_outputs, and why:
 
@@ -34,9 +34,9 @@ import functools
 import re
 from dataclasses import dataclass
 
-from minillm.server.json_schema_support import check_regex, check_schema
 from minillm.server.tools import ToolCalling, ToolError, parse_tools
 from minillm.structured import StructuredOutput
+from minillm.structured.schema_support import check_regex, check_schema
 
 SCHEMA_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's rule for response_format.json_schema.name
 KINDS = ("json", "regex", "choice", "grammar", "json_object")

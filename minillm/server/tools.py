@@ -27,7 +27,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from minillm.server.json_schema_support import DEFINITIONS, local_refs
+from minillm.structured.schema_support import DEFINITIONS, local_refs
 
 NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's rule for a function's name
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}  # OpenAI's reading of a function without parameters

@@ -2,6 +2,7 @@
 several strings or a grammar, enforced by a mask over the vocabulary at every step.
 
     constraint.py   what a request asks for (`StructuredOutput`), checked when it is made
+    schema_support.py  the JSON-schema keywords the library would silently ignore, refused by name
     backend.py      the two small interfaces the engine needs of a grammar library, and why xgrammar
     grammars.py     compiling it against the tokenizer (xgrammar), once per distinct constraint and
                     off the step loop; the per-request matcher that walks the output and fills the mask

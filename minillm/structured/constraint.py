@@ -80,10 +80,11 @@ class StructuredOutput:
 
     @functools.cached_property  # a frozen dataclass's __dict__ is still writable: computed once, kept
     def key(self) -> tuple[str, str]:
-        """(kind, canonical text): equal for equal constraints (a schema's keys sorted)."""
+        """(kind, text): equal for equal constraints. A schema's keys keep their order: the library writes an
+        object's properties in the order its schema lists them, so schemas listing them differently differ."""
         kind = self.kind
         if kind == "json":
-            return kind, json.dumps(self.json, sort_keys=True, separators=(",", ":"))
+            return kind, json.dumps(self.json, separators=(",", ":"))
         if kind == "choice":
             return kind, json.dumps(self.choice)
         return kind, "" if kind == "json_object" else getattr(self, kind)

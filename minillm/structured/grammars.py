@@ -40,6 +40,7 @@ import xgrammar as xgr
 
 from minillm import native
 from minillm.structured.constraint import StructuredOutput, regex_for_library
+from minillm.structured.schema_support import check_schema
 
 COMPILE_WORKERS = 4
 MAX_JUMP_BYTES = 256  # the most forced text one jump-forward looks for (the engine keeps what fits its limits)
@@ -94,6 +95,8 @@ class GrammarCompiler:
 
     def _compile(self, constraint: StructuredOutput) -> xgr.CompiledGrammar:
         kind = constraint.kind
+        if kind == "json":  # what the library would silently ignore is refused by name (schema_support.py)
+            check_schema(constraint.json)
         try:
             if kind == "json":
                 return self._compiler.compile_json_schema(json.dumps(constraint.json), any_whitespace=False)

@@ -21,8 +21,9 @@ So the check is an allow-list: annotations (title, description, ...), and the ke
 applies. Anything else is a ValueError naming the keyword and where it is (`$.properties.age`).
 Keywords of a type the value cannot have are left alone: they do not apply to it.
 
-It lives in the server because the server checks requests; the engine could use it as well
-(minillm/structured/ is the natural home for it).
+The engine runs it on every JSON schema before compiling (minillm/structured/grammars.py), so a request
+made through `LLM` or `AsyncLLM` fails with the reason; the server runs it first, naming the request's
+field, and answers 400.
 """
 
 from __future__ import annotations
