@@ -357,7 +357,7 @@ class LLMEngine:
             sample.error = error
             sample.metrics.finish_time = now
         if request.grammar is not None:  # ended while its grammar compiles: the compilation may be dropped
-            self.structured.forget(request, self.scheduler.waiting)
+            self.structured.forget(request)
         if not self._in_step:
             self._record_between_steps()
         return True
@@ -460,9 +460,10 @@ class LLMEngine:
             delivered[request.request_id] = request.num_output_tokens - before
         updates = self._mark_finished(updates)
         speculation = self._count_speculation(output, result, delivered)
-        stuck = next((r for r in self.scheduler.waiting if r.is_ready), None)
-        if output.is_empty and stuck is not None and not self.scheduler.running:
-            self._refuse_stuck(stuck)
+        if output.is_empty and not self.scheduler.running:
+            stuck = next((r for r in self.scheduler.waiting if r.is_ready), None)
+            if stuck is not None:
+                self._refuse_stuck(stuck)
         self._forget_drafts()
         self._record(output, start, now, speculation, result.bucket)
         return updates
@@ -482,12 +483,13 @@ class LLMEngine:
         """Structured outputs, before scheduling: requests whose grammar has compiled may now be admitted,
         and one whose grammar failed ends with the reason. When nothing could run but grammars still compile,
         wait for one a moment; False if there is still nothing to do (the step then does nothing at all)."""
-        waiting = self.scheduler.waiting
+        if not self.structured.pending:  # the usual step: no grammar awaited, nothing to look at
+            return True
         for _ in range(2):
-            for request, error in self.structured.ready(list(waiting)):
+            for request, error in self.structured.ready():
                 self.fail(request.request_id, error)
-            compiling = self.structured.compiling(waiting)
-            if not compiling or self.scheduler.running or any(r.is_ready for r in waiting):
+            compiling = self.waiting_for_grammars()
+            if not compiling:
                 return True
             self.structured.wait(compiling)
         return False
@@ -495,10 +497,9 @@ class LLMEngine:
     def waiting_for_grammars(self) -> list:
         """The compilations (futures) the engine waits for when nothing else can run: an asynchronous driver
         awaits these instead of stepping (an empty list while there is anything to step)."""
-        waiting = self.scheduler.waiting
-        if self.scheduler.running or any(r.is_ready for r in waiting):
+        if not self.structured.pending or self.scheduler.running or any(r.is_ready for r in self.scheduler.waiting):
             return []
-        return self.structured.compiling(waiting)
+        return self.structured.compiling()
 
     def _offer_guesses(self) -> None:
         """Speculative decoding, before scheduling: how many guesses each decoding request could verify

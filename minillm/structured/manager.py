@@ -27,6 +27,7 @@ class StructuredOutputManager:
     def __init__(self, tokenizer, vocab_size: int, eos_token_ids: Iterable[int]):
         self.tokenizer, self.vocab_size, self.eos_token_ids = tokenizer, vocab_size, tuple(eos_token_ids)
         self._compiler = None  # made on the first constraint: loading the library costs a second
+        self.pending: list[Request] = []  # submitted, their grammar not yet ready: a step with none does nothing here
 
     @property
     def compiler(self) -> GrammarBackend:
@@ -41,13 +42,15 @@ class StructuredOutputManager:
         future = self.compiler.submit(request.params.structured)
         for sample in request.samples:
             sample.grammar = future
+        self.pending.append(request)
 
-    def ready(self, waiting: Iterable[Request]) -> list[tuple[Request, BaseException]]:
-        """Give every waiting request whose grammar has compiled its matchers (one per sample). Returns
+    def ready(self) -> list[tuple[Request, BaseException]]:
+        """Give every pending request whose grammar has compiled its matchers (one per sample). Returns
         the requests whose grammar failed to compile, with why."""
-        failed = []
-        for request in waiting:
-            if request.is_ready or not request.grammar.done():
+        failed, still = [], []
+        for request in self.pending:
+            if not request.grammar.done():
+                still.append(request)
                 continue
             error = request.grammar.exception() if not request.grammar.cancelled() else RuntimeError(
                 "the structured output's compilation was cancelled")
@@ -61,19 +64,22 @@ class StructuredOutputManager:
                 continue
             for sample, matcher in zip(request.samples, matchers):
                 sample.matcher = matcher
+        self.pending = still
         return failed
 
-    def forget(self, request: Request, waiting: Iterable[Request]) -> None:
-        """`request` ended before its grammar compiled: unless a waiting request shares the compilation,
-        it is cancelled if it has not started."""
+    def forget(self, request: Request) -> None:
+        """`request` ended: if its grammar had not compiled, it waits no more, and the compilation is cancelled
+        if it has not started and no other pending request shares it."""
+        if request not in self.pending:
+            return
+        self.pending.remove(request)
         future = request.grammar
-        if future is not None and not future.done() and not any(r.grammar is future for r in waiting):
+        if not future.done() and not any(r.grammar is future for r in self.pending):
             self.compiler.cancel(request.params.structured, future)
 
-    @staticmethod
-    def compiling(waiting: Iterable[Request]) -> list[Future]:
-        """The grammars the waiting requests still wait for (not compiled yet)."""
-        return list({id(r.grammar): r.grammar for r in waiting if not r.is_ready and not r.grammar.done()}.values())
+    def compiling(self) -> list[Future]:
+        """The grammars pending requests still wait for (not compiled yet)."""
+        return list({id(r.grammar): r.grammar for r in self.pending if not r.grammar.done()}.values())
 
     @staticmethod
     def wait(futures: list[Future], timeout: float = GRAMMAR_WAIT_S) -> None:
