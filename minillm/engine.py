@@ -494,6 +494,11 @@ class LLMEngine:
             self.structured.wait(compiling)
         return False
 
+    def close(self) -> None:
+        """Let go of what outlives a step: the grammar compiler's threads and process (also let go of when the
+        engine is garbage-collected)."""
+        self.structured.close()
+
     def waiting_for_grammars(self) -> list:
         """The compilations (futures) the engine waits for when nothing else can run: an asynchronous driver
         awaits these instead of stepping (an empty list while there is anything to step)."""

@@ -271,6 +271,66 @@ def test_the_async_engine_serves_others_while_a_grammar_compiles(shipped):
     assert re.fullmatch("held:[0-9]{2}", output.text) and output.finish_reason == "stop"
 
 
+def test_the_engine_core_sends_no_empty_steps_while_a_grammar_compiles(shipped):
+    """The core process's loop, run here on a thread between two pipes: while its only request waits for its
+    grammar, the core waits too — no CoreStep every few ms with nothing in it — and then serves it."""
+    import os
+    import time
+    from multiprocessing import Pipe
+
+    from minillm.engine_core.core import EngineCore
+    from minillm.engine_core.messages import AddRequest, CoreStep, Shutdown
+
+    model, tokenizer = shipped
+    engine = make_engine(shipped, kv="paged")
+    engine.structured._compiler = HeldCompiler(tokenizer, model.config.vocab_size, model.config.eos_token_ids)
+    HeldCompiler.release.clear()
+    core_inbox, front_outbox = Pipe(duplex=False)
+    front_inbox, core_outbox = Pipe(duplex=False)
+    core = threading.Thread(target=EngineCore(engine, core_inbox, core_outbox, os.getppid()).run)
+    core.start()
+    params = SamplingParams(temperature=0, max_new_tokens=8, structured={"regex": "held:[0-9]{2}"})
+    front_outbox.send(AddRequest("r0", tokenizer.encode("ROMEO:"), params, time.perf_counter()))
+    time.sleep(1.0)  # 20 waits of GRAMMAR_WAIT_S
+    held: list[CoreStep] = []
+    while front_inbox.poll(0):
+        held.append(front_inbox.recv())
+    assert len(held) <= 1 and not any(step.samples for step in held)  # at most the news of the message itself
+    HeldCompiler.release.set()
+    tokens: list[int] = []
+    while not (step := front_inbox.recv()).done:
+        tokens += [t for sample in step.samples for t in sample.token_ids]
+    tokens += [t for sample in step.samples for t in sample.token_ids]
+    assert step.done[0].finish_reasons == ("stop",)
+    assert re.fullmatch("held:[0-9]{2}", tokenizer.decode(tokens, skip_special_tokens=True))
+    front_outbox.send(Shutdown())
+    core.join(30)
+    assert not core.is_alive()
+
+
+def test_a_closed_engine_or_a_dropped_compiler_ends_its_grammar_sandbox(shipped):
+    """The compiler's process (user grammars compile there) and threads end when the engine is closed, or
+    when the compiler is garbage-collected. (This suite's fixture keeps every engine for its leak checks, so
+    the dropped one here is a compiler of its own.)"""
+    import gc
+
+    model, tokenizer = shipped
+    engine = make_engine(shipped, kv="paged")
+    outputs = run(engine, ["ROMEO:"], [SamplingParams(temperature=0, max_new_tokens=4,
+                                                      structured={"grammar": 'root ::= "ab"'})])
+    assert outputs[0].text == "ab"
+    sandbox = engine.structured.compiler._sandbox._process
+    assert sandbox is not None and sandbox.poll() is None
+    engine.close()
+    assert sandbox.wait(10) is not None
+    compiler = GrammarCompiler(tokenizer, model.config.vocab_size, model.config.eos_token_ids)
+    compiler.compile(StructuredOutput(grammar='root ::= "ab"'))
+    sandbox = compiler._sandbox._process
+    del compiler
+    gc.collect()
+    assert sandbox.wait(10) is not None
+
+
 def test_a_grammar_that_does_not_compile_fails_its_request_alone(shipped):
     engine = make_engine(shipped, kv="paged")
     bad = engine.add_request("ROMEO:", SamplingParams(max_new_tokens=5, structured={"regex": "(unclosed"}))

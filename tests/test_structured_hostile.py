@@ -425,13 +425,46 @@ def test_a_grammar_that_crashes_the_library_fails_its_request_alone(shipped):
     engine.structured.close()
 
 
-def test_a_grammar_the_sandbox_cannot_finish_in_time_is_refused(shipped, monkeypatch):
+SLOW_SCHEMA = {"type": "string", "pattern": "([a-z]{1,100}){1,100}"}  # ~8 s to compile on this course's CPU
+
+
+def test_a_schema_the_sandbox_cannot_compile_in_time_is_refused(shipped, monkeypatch):
+    """Nested counted repeats in a pattern: the library writes them out (8 s here, while the same regex as a
+    `regex` constraint takes ms). Compiled in the sandbox, under its deadline, and refused past it."""
     from minillm.structured import grammars
 
-    monkeypatch.setattr(grammars, "SANDBOX_TIMEOUT_S", 0.001)  # not even time to start
+    monkeypatch.setattr(grammars, "SANDBOX_TIMEOUT_S", 1.0)
     model, tokenizer = shipped
     compiler = GrammarCompiler(tokenizer, model.config.vocab_size, model.config.eos_token_ids)
-    with pytest.raises(ValueError, match="took longer than 0.001 s to compile"):
-        compiler.compile(StructuredOutput(grammar='root ::= "a"'))
+    with pytest.raises(ValueError, match="took longer than 1 s to compile"):
+        compiler.compile(StructuredOutput(json=SLOW_SCHEMA))
     assert compiler._sandbox._process is None  # killed
+    quick = compiler.compile(StructuredOutput(json={"type": "string", "pattern": "[a-z]{2,3}"}))  # a fresh child
+    matcher = compiler.matcher(quick)
+    assert all(matcher.accept(t) for t in tokenizer.encode('"abc"', add_special_tokens=False))
+    compiler.close()
+
+
+def test_slow_sandboxed_compiles_hold_up_no_other_constraint(shipped, monkeypatch):
+    """More slow schemas than the compiler has workers: a regex, a choice and a plain schema still compile
+    at once (the sandbox has a worker of its own), while the slow ones wait for it in turn."""
+    from minillm.structured import grammars
+
+    monkeypatch.setattr(grammars, "SANDBOX_TIMEOUT_S", 2.0)
+    model, tokenizer = shipped
+    compiler = GrammarCompiler(tokenizer, model.config.vocab_size, model.config.eos_token_ids)
+    slow_constraints = [StructuredOutput(json=SLOW_SCHEMA | {"title": f"slow {i}"})
+                        for i in range(grammars.COMPILE_WORKERS + 1)]
+    slow = [compiler.submit(constraint) for constraint in slow_constraints]
+    quick = [compiler.submit(c) for c in (StructuredOutput(regex="([a-z]{1,100}){1,100}"),
+                                          StructuredOutput(choice=["yes", "no"]),
+                                          StructuredOutput(json={"type": "object"}))]
+    for future in quick:
+        future.result(timeout=60)
+    assert not slow[-1].done()  # behind the others in the sandbox: at least 2 s x 4 away
+    for constraint, future in zip(slow_constraints[1:], slow[1:], strict=True):
+        compiler.cancel(constraint, future)  # those not started never will
+    assert slow[-1].cancelled()
+    with pytest.raises(ValueError, match="took longer than 2 s"):
+        slow[0].result(timeout=60)
     compiler.close()

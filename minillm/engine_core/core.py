@@ -70,6 +70,7 @@ def main(inbox_fd: int, outbox_fd: int) -> None:
     outbox.send(CoreReady(engine.max_model_len, net.config))
     with contextlib.suppress(EOFError, OSError):  # the front end went away while we sent
         EngineCore(engine, inbox, outbox, start.parent_pid, timeline).run()
+    engine.close()
 
 
 class EngineCore:
@@ -83,7 +84,8 @@ class EngineCore:
 
     def run(self) -> None:
         while self._take_messages(wait=not self.engine.has_unfinished()):
-            if self.engine.has_unfinished():
+            compiling = self.engine.waiting_for_grammars()  # all that is left waits for grammars to compile
+            if self.engine.has_unfinished() and not compiling:
                 with span(self.timeline, "update"):  # the engine's step nests in it: what is left is bookkeeping
                     step = self._step()
                 self._send(step)
@@ -91,6 +93,8 @@ class EngineCore:
                 self.news.gauges = self.engine.gauges()
                 self._send(self.news)
             self.changed = False
+            if compiling:  # no empty steps sent meanwhile: wait for one, checking messages between waits
+                self.engine.structured.wait(compiling)
 
     def _front_end_alive(self) -> bool:
         return os.getppid() == self.parent_pid

@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -40,11 +41,12 @@ import xgrammar as xgr
 
 from minillm import native
 from minillm.structured.constraint import StructuredOutput, regex_for_library
-from minillm.structured.schema_support import check_schema
+from minillm.structured.schema_support import check_schema, schema_patterns
 
 COMPILE_WORKERS = 4
 MAX_JUMP_BYTES = 256  # the most forced text one jump-forward looks for (the engine keeps what fits its limits)
-SANDBOX_TIMEOUT_S = 60.0  # the longest a user's EBNF grammar may take to compile (GrammarSandbox)
+SANDBOX_TIMEOUT_S = 10.0  # the longest a grammar or a schema with counted repeats may compile (GrammarSandbox)
+SANDBOX_START_S = 60.0  # the longest its process may take to start (importing the library on a busy machine)
 MAX_CACHED = 256  # compiled grammars kept for requests to come (each holds its masks: tens of KB to MBs)
 
 
@@ -56,10 +58,13 @@ class GrammarCompiler:
         self._compiler = xgr.GrammarCompiler(self.info, max_threads=1)
         # several workers: a constraint that takes long to compile holds up only requests with that constraint
         self._pool = ThreadPoolExecutor(max_workers=COMPILE_WORKERS, thread_name_prefix="grammar-compile")
+        self._sandbox_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-sandbox")
         self._futures: OrderedDict[tuple[str, str], Future] = OrderedDict()  # least recently used first
         self._lock = threading.Lock()
         self._sandbox = GrammarSandbox(self.info)
         self._first_bytes: np.ndarray | None = None  # Matcher.jump_forward's table, made once
+        # the threads and the sandbox's process end with the compiler, if nobody closes it first
+        self._close = weakref.finalize(self, _close, self._pool, self._sandbox_pool, self._sandbox)
 
     def submit(self, constraint: StructuredOutput) -> Future:
         """The compiled grammar of `constraint`, as a future: compiled once on the worker thread,
@@ -69,7 +74,8 @@ class GrammarCompiler:
         with self._lock:
             future = self._futures.get(constraint.key)
             if future is None or future.cancelled():
-                future = self._futures[constraint.key] = self._pool.submit(self._compile, constraint)
+                pool = self._sandbox_pool if _sandboxed(constraint) else self._pool
+                future = self._futures[constraint.key] = pool.submit(self._compile, constraint)
                 self._evict()
             else:
                 self._futures.move_to_end(constraint.key)
@@ -98,6 +104,9 @@ class GrammarCompiler:
         if kind == "json":  # what the library would silently ignore is refused by name (schema_support.py)
             check_schema(constraint.json)
         try:
+            if _sandboxed(constraint):
+                text = constraint.grammar if kind == "grammar" else json.dumps(constraint.json)
+                return self._sandbox.compile(kind, text)
             if kind == "json":
                 return self._compiler.compile_json_schema(json.dumps(constraint.json), any_whitespace=False)
             if kind == "json_object":
@@ -107,8 +116,7 @@ class GrammarCompiler:
             if kind == "choice":  # one EBNF alternative per string, each a JSON-escaped literal
                 alternatives = " | ".join(json.dumps(c, ensure_ascii=False) for c in constraint.choice)
                 return self._compiler.compile_grammar(f"root ::= {alternatives}")
-            self._sandbox.check(constraint.grammar)  # a grammar that crashes the library: refused, not run here
-            return self._compiler.compile_grammar(constraint.grammar)
+            raise AssertionError(f"unknown constraint kind {kind!r}")
         except (RuntimeError, ValueError) as err:
             lines = str(err).strip().splitlines() or [type(err).__name__]
             reason = re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", lines[-1])  # without "[time] file.cc:94: "
@@ -121,8 +129,20 @@ class GrammarCompiler:
         return Matcher(grammar, self._first_bytes)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        self._sandbox.close()
+        self._close()
+
+
+def _close(pool: ThreadPoolExecutor, sandbox_pool: ThreadPoolExecutor, sandbox: GrammarSandbox) -> None:
+    for executor in (pool, sandbox_pool):
+        executor.shutdown(wait=False, cancel_futures=True)
+    sandbox.close()
+
+
+def _sandboxed(constraint: StructuredOutput) -> bool:
+    """Whether `constraint` compiles in the GrammarSandbox: a user's EBNF grammar, or a schema whose patterns
+    hold counted repeats."""
+    return constraint.kind == "grammar" or (constraint.kind == "json" and any(
+        re.search(r"\{\d", pattern) for pattern in schema_patterns(constraint.json)))
 
 
 _SANDBOX = """
@@ -130,51 +150,71 @@ import json, sys
 import xgrammar as xgr
 compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.deserialize_json(sys.stdin.readline()), max_threads=1,
                                cache_enabled=False)
+print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
+    kind, text = json.loads(line)
     try:
-        compiler.compile_grammar(json.loads(line))
-    except Exception:
-        pass  # refused cleanly: compiled again in the engine's process, which gives the reason
-    print("done", flush=True)
+        grammar = compiler.compile_grammar(text) if kind == "grammar" else \\
+            compiler.compile_json_schema(text, any_whitespace=False)
+        print(json.dumps({"grammar": grammar.serialize_json()}), flush=True)
+    except Exception as err:  # refused cleanly: the library's reason goes back
+        print(json.dumps({"error": str(err) or type(err).__name__}), flush=True)
 """
 
 
 class GrammarSandbox:
-    """A user's EBNF grammar compiled in a separate process first: some crash the library outright
-    (xgrammar 0.2.9 segfaults on `root ::= root{2}`, `root ::= x{1}  x ::= root`...), which in the engine's
-    process would end every request with it. The child (one, started on the first grammar, kept) compiles
-    each grammar against the same vocabulary; one that kills it, or takes over SANDBOX_TIMEOUT_S, is refused
-    with that reason, and the next grammar starts a fresh child. JSON schemas, regexes and choices reach the
-    library through its own converters, and skip this."""
+    """Constraints that can hurt the engine's process compiled in a separate one, under a deadline, and
+    the compiled grammar sent back (serialized; milliseconds):
+    - a user's EBNF grammar: some crash the library outright (xgrammar 0.2.9 segfaults on `root ::= root{2}`,
+      `root ::= x{1}  x ::= root`...), which in the engine's process would end every request with it;
+    - a JSON schema with counted repeats in a pattern (`[a-z]{1,100}`): the library writes them out, and
+      nested ones grow with their product — `([a-z]{1,100}){1,100}` takes 8 s, `(.{1,30}){1,30}` 6.5 s on
+      this course's CPU, while the same regex as a `regex` constraint takes milliseconds.
+    The child (one, started when first needed, kept) compiles against the same vocabulary; one that dies,
+    or takes over SANDBOX_TIMEOUT_S, is refused with that reason, and the next constraint starts a fresh
+    child. The compiler runs it on a worker of its own, so that a slow one holds up only the others bound
+    here, never the schemas, regexes and choices the library compiles safely in the engine's process."""
 
     def __init__(self, info: xgr.TokenizerInfo):
-        self._info = info.serialize_json()
+        self._info = info
         self._process: subprocess.Popen | None = None
         self._lock = threading.Lock()
 
-    def check(self, grammar: str) -> None:
+    def compile(self, kind: str, text: str) -> xgr.CompiledGrammar:
+        """Compile `text` ("grammar": EBNF, "json": a JSON schema) in the child. A RuntimeError with the
+        library's reason when it refuses it; a ValueError when it kills the child or runs out of time."""
         with self._lock:
+            process = self._process or self._start()
             try:
-                process = self._process or self._start()
-                process.stdin.write(json.dumps(grammar) + "\n")
+                process.stdin.write(json.dumps([kind, text]) + "\n")
                 process.stdin.flush()
                 answered = select.select([process.stdout], [], [], SANDBOX_TIMEOUT_S)[0]
                 line = process.stdout.readline() if answered else None
-            except OSError:  # the child is gone (it died on the previous grammar's heels, say)
+            except OSError:  # the child is gone (it died on the previous constraint's heels, or at its start)
                 line = ""
             if line:
-                return
+                answer = json.loads(line)
+                if "error" in answer:
+                    raise RuntimeError(answer["error"])
+                return xgr.CompiledGrammar.deserialize_json(answer["grammar"], self._info)
             code = self._stop()
             if line is None:
-                raise ValueError(f"it took longer than {SANDBOX_TIMEOUT_S:g} s to compile")
+                raise ValueError(f"it took longer than {SANDBOX_TIMEOUT_S:g} s to compile (in a separate process: "
+                                 "stopped there)")
             how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
             raise ValueError(f"it crashes the grammar library (the compilation, in a separate process, ended with "
                              f"{how})")
 
     def _start(self) -> subprocess.Popen:
+        """A fresh child, once it has read the vocabulary (its start is not part of any deadline)."""
         self._process = subprocess.Popen([sys.executable, "-c", _SANDBOX], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        self._process.stdin.write(self._info + "\n")
+        self._process.stdin.write(self._info.serialize_json() + "\n")
+        self._process.stdin.flush()
+        if not select.select([self._process.stdout], [], [], SANDBOX_START_S)[0] or \
+                not self._process.stdout.readline():
+            self._stop()
+            raise ValueError(f"the separate process that compiles it did not start within {SANDBOX_START_S:g} s")
         return self._process
 
     def _stop(self) -> int | None:

@@ -87,6 +87,21 @@ def local_refs(schema: object) -> set[str]:
     return refs
 
 
+def schema_patterns(schema: object) -> list[str]:
+    """Every regex in the schema: its `pattern`s and `patternProperties` keys (a malformed schema is walked
+    as far as it goes: nothing is checked here)."""
+    patterns, todo = [], [schema]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, dict):
+            if isinstance(node.get("pattern"), str):
+                patterns.append(node["pattern"])
+            if isinstance(node.get("patternProperties"), dict):
+                patterns += [key for key in node["patternProperties"] if isinstance(key, str)]
+            todo += _subschemas(node)
+    return patterns
+
+
 def check_regex(pattern: str, where: str) -> None:
     """Refuse a regex xgrammar would read otherwise than Python or JavaScript do (its lookarounds
     are dropped inside a JSON schema; an escape it does not know matches the letter itself)."""
