@@ -36,6 +36,23 @@ class Finding:
             print(textwrap.fill(paragraph, 100) if paragraph.strip() else "")
 
 
+class NeedsEarlierCells(NameError):
+    """A cell run on its own, in a kernel where the cells it builds on have not run (a reopened notebook)."""
+
+    def _render_traceback_(self) -> list[str]:  # IPython shows these lines instead of a traceback
+        return [f"⚠ {self}"]
+
+
+def needs(names: dict[str, Any], *wanted: str, made_in: str) -> None:
+    """Stop a cell at once, with what to do, when the names it uses (from `globals()`) are not made yet —
+    rather than a NameError halfway through it."""
+    missing = [name for name in wanted if name not in names]
+    if missing:
+        listed = ", ".join(f"`{name}`" for name in missing)
+        raise NeedsEarlierCells(f"This cell uses {listed}, made in {made_in}, which has not run in this kernel. "
+                                "Run the cells above it first (Run ▸ Run All Above Selected Cell), then this one.")
+
+
 def outputs_tokens(run: Any) -> list[list[int]]:
     """The tokens of every request of a run that has `outputs` (the engine's `RequestOutput`s)."""
     return [list(o.token_ids) for o in run.outputs]

@@ -71,8 +71,9 @@ class CpuUse:
 
     def describe(self) -> str:
         threads = f"{self.threads} thread{'s' * (self.threads != 1)}"
+        spare = f"{self.spare_cores:g} core{'s' * (self.spare_cores != 1)}"
         needed = ("while our threads needed every core" if self.spare_cores == 0
-                  else f"more than the {self.spare_cores:g} our {threads} left free")
+                  else f"more than the {spare} left free by our {threads}")
         # other programs' CPU time over the wall time can pass the core count (the kernel's accounting is
         # coarse, and short bursts overlap): never say more cores than the machine has
         busy = min(self.others_cores, float(self.cores))

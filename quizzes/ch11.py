@@ -25,8 +25,8 @@ QUESTIONS = [
              0, "Both tokens start with `:`, which fits; the walk goes on through `\\n`, and no state after `:` "
                 "has a move for it. Multi-character tokens like `ROMEO` or ` king` are allowed when the whole "
                 "walk stays on the automaton.",
-             why_not=(None, "Multi-character tokens are allowed all the time: ` king` walks five states inside "
-                            "the loop.",
+             why_not=(None, "Multi-character tokens are allowed all the time: after `ROMEO:`, ` king` walks the "
+                            "space and then four letters inside the loop.",
                       "The grammar judges the text of each token, not what the tokenizer would have chosen; "
                       "`:\\n` is an ordinary token of the vocabulary.")),
     Question("Why does a JSON grammar need a stack (a pushdown automaton), where a regex's automaton needs none?",

@@ -83,6 +83,8 @@ def test_the_replay_re_walks_a_real_run_exactly(shipped):
         assert 1 <= s.allowed <= len(tokenizer) and 0 < s.chosen_p <= 1 + 1e-6 and 0 <= s.kept_mass <= 1 + 1e-6
         assert s.top[0][1] >= s.chosen_p - 1e-6  # the first of `top` is the most likely allowed token
     assert steps[0].forced.startswith('{"tool": "summon"') and steps[0].allowed == 1
+    for s in steps:  # where the schema leaves one token, the words name it (a JSON reader alone would not)
+        assert (s.where[2] == f"only {s.piece!r} next: the schema allows nothing else") == (s.allowed == 1)
     assert any(s.allowed > 1000 for s in steps)  # inside the greeting string
     greedy = [s for s in steps if s.allowed > 1]
     assert sum(s.top[0][0] == s.piece for s in greedy) >= 0.9 * len(greedy)  # greedy: the most likely allowed
@@ -136,6 +138,28 @@ def test_the_mask_cost_words_follow_each_outcome():
     assert not large.holds and "did not stay under 10%" in large.text and large.warning is None
     busy = ch11.describe_mask_cost(_trials(busy=True), (1, 16))
     assert busy.warning and "kept 2.0 of this machine's 2 cores" in busy.warning
+    assert "the grammar's own work, timed inside the step, is the steadier figure" in busy.text
+    assert "slower than the free one" not in busy.text  # a busy run's step difference is not explained away
+    # the table's two steps are one round's: their ratio is the ratio shown beside them
+    for n in small.numbers["batches"].values():
+        assert abs(n["masked_ms"] / n["free_ms"] - n["step_ratio"].value) < 1e-9
+    assert "in the median round (1.02x" in small.text  # batch 1's rounds: 1.025, 1.0, 1.024
+
+
+def test_a_masked_step_no_slower_is_not_called_slower():
+    trials = _trials()
+    trials.results["masked 16"] = [ch11.RunTimes(16, s, 0.1, 0.02, 0.01, 128) for s in (5.0, 5.1, 5.2)]
+    finding = ch11.describe_mask_cost(trials, (1, 16))
+    assert "more at batch 16" not in finding.text
+
+
+def test_a_cell_run_before_the_cells_it_needs_says_what_to_run():
+    from experiments import NeedsEarlierCells, needs
+
+    needs({"cost": 1}, "cost", made_in="section 5")
+    with pytest.raises(NeedsEarlierCells, match="uses `cost`, made in section 5") as raised:
+        needs({}, "cost", made_in="section 5")
+    assert raised.value._render_traceback_() == [f"⚠ {raised.value}"]  # IPython shows this, not a traceback
 
 
 def test_jump_forward_counts_come_from_real_runs(shipped):
@@ -166,6 +190,11 @@ def test_the_saved_words_follow_whatever_the_benchmark_holds():
     words = ch11.saved_words(saved)
     assert "0.90x at batch 1" in words and "1.00 → 4.89 output tokens per request-pass" in words
     assert ch11.saved_rows(saved)[-1][0] == "vLLM 0.32.0"
+    saved["vllm"]["1"]["rounds"] = {"free": [100, 120, 90], "masked": [110, 90, 80]}  # ratios 1.1, 0.75, 0.89
+    assert ch11.saved_rows(saved)[-1][3:] == ["90 → 80 tok/s", "0.89x"]  # the median round, its own ratio
     real = ch11.saved_results()
     if real is not None:  # the course's own file, whatever it holds
         assert ch11.saved_words(real) and ch11.saved_rows(real)
+        for row in ch11.saved_rows(real):  # each pair shown gives the ratio shown beside it
+            free, masked = (float(v.replace(",", "")) for v in row[3].removesuffix(" tok/s").split(" → "))
+            assert f"{masked / free:.2f}x" == row[4]
