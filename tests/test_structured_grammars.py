@@ -158,3 +158,15 @@ def test_the_c_mask_loop_masks_exactly_what_the_library_does(vocab):
         apply_bitmask(mine, bitmask, rows)
         xgr.apply_token_bitmask_inplace(theirs, bitmask, indices=rows or None) if rows else None
         assert torch.equal(mine, theirs)
+
+
+@pytest.mark.parametrize("pattern", ["a.b", "a.{1,3}b"])  # the second compiles in the sandbox (a counted repeat)
+def test_a_dot_in_a_schema_pattern_never_writes_a_line_break(shipped, pattern):
+    """A pattern's "." means any character but a line break (ECMA-262, as jsonschema reads it with Python's re);
+    in the JSON text a line break could only come raw (invalid JSON) or escaped (then "." would match it)."""
+    compiler, tokenizer, _ = shipped
+    grammar = compiler.compile(StructuredOutput(json={"type": "string", "pattern": pattern}))
+    for text, allowed in (('"axb"', True), ('"a\nb"', False), ('"a\\nb"', False), ('"a\\u000ab"', False)):
+        matcher = Matcher(grammar)
+        accepted = all(matcher.accept(t) for t in tokenizer.encode(text, add_special_tokens=False))
+        assert accepted == allowed, text
