@@ -134,7 +134,7 @@ def _add_serve(commands) -> None:
                        help="let browser pages from these origins call the API (CORS; '*' for any); off by default")
     serve.add_argument("--default-max-tokens", type=_ranged(int, 1), default=16,
                        help="max_tokens when a request gives none")
-    engine = serve.add_argument_group("engine (chapters 2-11)")
+    engine = serve.add_argument_group("engine (chapters 2-12)")
     engine.add_argument("--batching", choices=("static", "continuous"), default="continuous")
     engine.add_argument("--max-num-seqs", type=int, default=16, help="requests running at once")
     engine.add_argument("--max-model-len", type=int, default=None, help="prompt + output tokens per request")
@@ -149,6 +149,10 @@ def _add_serve(commands) -> None:
     engine.add_argument("--num-speculative-tokens", type=int, default=4)
     engine.add_argument("--jump-forward", action="store_true",
                         help="structured outputs: text the grammar forces is appended unsampled (chapter 11)")
+    engine.add_argument("--quantization", choices=("int8", "int4"), default=None,
+                        help="weight-only quantization of the linear layers, applied at load (chapter 12)")
+    engine.add_argument("--quantization-group-size", type=int, default=64, choices=(32, 64, 128),
+                        help="int4: inputs sharing a scale (default 64)")
     engine.add_argument("--compile", action="store_true", help="compiled decode steps (CPU or GPU)")
     engine.add_argument("--cuda-graphs", action="store_true", help="CUDA Graphs for decode steps (GPU)")
     engine.add_argument("--device", default=None, type=_device)
@@ -175,6 +179,7 @@ def engine_config(args):
                         max_tokens_per_prefill_chunk=args.max_tokens_per_prefill_chunk, speculative=spec,
                         jump_forward=args.jump_forward, compile=args.compile, cuda_graphs=args.cuda_graphs,
                         device=None if args.device is None else str(args.device), dtype=args.dtype,
+                        quantization=args.quantization, quantization_group_size=args.quantization_group_size,
                         trace_max_steps=args.trace_steps)
 
 

@@ -90,6 +90,8 @@ class EngineConfig:
     compile: bool = False  # decode steps through torch.compile, one compiled step per batch bucket (chapter 8)
     cuda_graphs: bool = False  # decode steps as CUDA Graphs, one captured per batch bucket (chapter 8; CUDA)
     graph_batch_sizes: tuple[int, ...] | None = None  # the buckets; None: 1, 2, 4, then steps of 8 to max_num_seqs
+    quantization: str | None = None  # weight-only "int8" (per channel) | "int4" (groups) | None (chapter 12)
+    quantization_group_size: int = 64  # int4: inputs sharing a scale (32, 64 or 128)
 
     def __post_init__(self) -> None:
         if self.batching not in BATCHING:
@@ -131,6 +133,10 @@ class EngineConfig:
             raise ValueError(f"device must be None, 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         if self.dtype not in (None, "float32", "float16", "bfloat16"):
             raise ValueError(f"dtype must be None, 'float32', 'float16' or 'bfloat16', got {self.dtype!r}")
+        if self.quantization is not None:
+            from minillm.quantization.model import check_scheme
+
+            check_scheme(self.quantization, self.quantization_group_size)
 
     def _check_recording(self) -> None:
         """compile / cuda_graphs (chapter 8): one of them, on the paged cache, with valid buckets."""

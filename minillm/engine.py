@@ -47,6 +47,7 @@ from minillm.metrics import RequestMetrics
 from minillm.model.decoder import CausalLM
 from minillm.model.loader import load, load_model
 from minillm.prompts import encode_prompt
+from minillm.quantization.model import quantization_of, quantize_model
 from minillm.request import Request
 from minillm.runner import ModelRunner, StepResult
 from minillm.sampling import SamplingParams
@@ -115,6 +116,22 @@ class StepUpdate:
     logprobs: tuple[TokenLogprob, ...] = ()  # theirs, when the request asked for logprobs
 
 
+def _quantized(model: CausalLM, config: EngineConfig) -> CausalLM:
+    """The model the engine runs: `model` itself, or with `config.quantization` its linear layers quantized
+    (a new model sharing the rest: minillm/quantization/model.py). A model quantized already must be quantized
+    as asked."""
+    if config.quantization is None:
+        return model
+    asked = config.quantization if config.quantization == "int8" else \
+        f"int4 (group {config.quantization_group_size})"
+    has = quantization_of(model)
+    if has is None:
+        return quantize_model(model, config.quantization, config.quantization_group_size)
+    if has != asked:
+        raise ValueError(f"quantization: the model is quantized as {has}, the config asks for {asked}")
+    return model
+
+
 class LLMEngine:
     """Owns the scheduler, the KV cache and the runner; `step()` advances every request once.
 
@@ -124,11 +141,12 @@ class LLMEngine:
     def __init__(self, model: CausalLM, tokenizer, config: EngineConfig | None = None, detokenize: bool = True):
         """`detokenize=False`: the engine core of chapter 10, which leaves text to its front end — it judges
         only the stops that need no text (EOS, stop tokens, lengths); its outputs' text stays empty."""
-        self.model, self.tokenizer = model, tokenizer
         self.detokenize = detokenize
         self.config = config = config or EngineConfig()
         if not isinstance(config, EngineConfig):
             raise ValueError(f"config must be an EngineConfig, got {type(config).__name__}")
+        model = _quantized(model, config)  # chapter 12: weight-only int8/int4, when asked
+        self.model, self.tokenizer = model, tokenizer
         context = model.config.max_position_embeddings
         if config.max_model_len is not None and config.max_model_len > context:
             raise ValueError(f"max_model_len must be at most the model's context ({context}), "

@@ -214,3 +214,14 @@ def test_serve_turns_jump_forward_on_when_asked():
 
     assert not engine_config(build_parser().parse_args(["serve"])).jump_forward
     assert engine_config(build_parser().parse_args(["serve", "--jump-forward"])).jump_forward
+
+
+def test_serve_quantizes_when_asked():
+    from minillm.cli import build_parser, engine_config
+
+    assert engine_config(build_parser().parse_args(["serve"])).quantization is None
+    config = engine_config(build_parser().parse_args(["serve", "--quantization", "int4",
+                                                      "--quantization-group-size", "32"]))
+    assert (config.quantization, config.quantization_group_size) == ("int4", 32)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--quantization", "int3"])
