@@ -92,6 +92,7 @@ class EngineConfig:
     graph_batch_sizes: tuple[int, ...] | None = None  # the buckets; None: 1, 2, 4, then steps of 8 to max_num_seqs
     quantization: str | None = None  # weight-only "int8" (per channel) | "int4" (groups) | None (chapter 12)
     quantization_group_size: int = 64  # int4: inputs sharing a scale (32, 64 or 128)
+    kv_cache_dtype: str = "auto"  # paged K/V as "int8" (a scale per token and head) | "fp8" (e4m3) | "auto"
 
     def __post_init__(self) -> None:
         if self.batching not in BATCHING:
@@ -137,6 +138,17 @@ class EngineConfig:
             from minillm.quantization.model import check_scheme
 
             check_scheme(self.quantization, self.quantization_group_size)
+        from minillm.attention.kv_codes import check_kv_cache_dtype
+
+        check_kv_cache_dtype(self.kv_cache_dtype)
+        if self.kv_cache_dtype != "auto":
+            if self.kv != "paged":
+                raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} needs kv='paged' (the quantized cache is "
+                                 "the paged one)")
+            for kernel in ("use_triton", "use_cpu_kernel"):
+                if getattr(self, kernel):
+                    raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} runs on the torch paged-attention "
+                                     f"reference only: {kernel}=True reads the model's dtype")
 
     def _check_recording(self) -> None:
         """compile / cuda_graphs (chapter 8): one of them, on the paged cache, with valid buckets."""

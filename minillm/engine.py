@@ -185,8 +185,9 @@ class LLMEngine:
         reserve (rounded up to whole blocks). Refuses, with the numbers, a cache the device cannot hold."""
         config, model = self.config, self.model
         models = [model] if self.draft is None else [model, self.draft]
-        per_token = sum(kv_bytes_per_token(m.config.num_layers, m.config.num_kv_heads, m.config.head_dim, m.dtype)
-                        for m in models)
+        kv_dtype = config.kv_cache_dtype  # "int8" / "fp8": codes in the paged cache (chapter 12)
+        per_token = sum(kv_bytes_per_token(m.config.num_layers, m.config.num_kv_heads, m.config.head_dim, m.dtype,
+                                           kv_dtype) for m in models)
         whose = " (the target's and the draft model's cache)" if self.draft is not None else ""
         if config.kv == "contiguous":
             self._check_memory(config.max_num_seqs * self.max_model_len * per_token,
@@ -209,13 +210,14 @@ class LLMEngine:
                            f"{num_blocks} blocks x {config.block_size} tokens x {format_bytes(per_token)} per token"
                            f"{whose}")
         use_triton = config.use_triton
-        if use_triton is None and model.device.type == "cuda":  # when they can run and were not asked for by name
+        # the kernels when they can run and were not asked for by name (a quantized cache: the torch reference)
+        if use_triton is None and model.device.type == "cuda" and kv_dtype == "auto":
             from minillm.attention.triton_paged import unavailable_reason
 
             power_of_two = config.block_size & (config.block_size - 1) == 0
             use_triton = power_of_two and unavailable_reason(model.device) is None
         use_cpu_kernel = config.use_cpu_kernel
-        if use_cpu_kernel is None and model.device.type == "cpu" and not use_triton:  # when it builds and runs here
+        if use_cpu_kernel is None and model.device.type == "cpu" and not use_triton and kv_dtype == "auto":
             from minillm.attention.cpu_paged import unavailable_reason
 
             reason = unavailable_reason(model.device, model.dtype)
@@ -224,7 +226,8 @@ class LLMEngine:
                 logger.info("the C paged-attention kernel is not used: %s", reason)
         caches = tuple(PagedKVCache.for_model(m.config, num_blocks, config.block_size, m.dtype, m.device,
                                               bool(use_triton), pad_block=config.compile or config.cuda_graphs,
-                                              use_cpu_kernel=bool(use_cpu_kernel)) for m in models)
+                                              use_cpu_kernel=bool(use_cpu_kernel), kv_cache_dtype=kv_dtype)
+                       for m in models)
         logger.info("%s (%s)%s", caches[0].describe(), "Triton kernels" if use_triton else
                     "C decode kernel" if use_cpu_kernel else "torch reference", whose and ", the draft's beside it")
         return caches + (None,) * (2 - len(caches)), BlockPool(num_blocks, config.block_size,

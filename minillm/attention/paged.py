@@ -8,7 +8,8 @@ sequence arrives with its block table, and token t of it lives at slot
 `table[t // block_size] * block_size + t % block_size`. The operations come from
 `minillm/attention/paged_ops.py` (torch, runs everywhere), on CUDA with Triton installed
 `minillm/attention/triton_paged.py`, or on a CPU in float32 `minillm/attention/cpu_paged.py` (a C
-decode kernel; same signatures).
+decode kernel; same signatures). `kv_cache_dtype` "int8" or "fp8" stores codes instead of floats
+(chapter 12: minillm/attention/kv_codes.py), through the torch operations.
 """
 
 from __future__ import annotations
@@ -18,15 +19,17 @@ from collections.abc import Sequence
 
 import torch
 
-from minillm.attention import paged_ops
+from minillm.attention import kv_codes, paged_ops
 from minillm.attention.backend import token_positions
 from minillm.attention.block_table_rows import BlockTableRows
 from minillm.memory import format_bytes, zeros_on_huge_pages
 
 
-def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-    """K and V of one token in every layer: 2 x layers x kv_heads x head_dim x bytes."""
-    return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                       kv_cache_dtype: str = "auto") -> int:
+    """K and V of one token in every layer: 2 x layers x kv_heads x (head_dim x bytes, or a quantized
+    cache's codes and scale: minillm/attention/kv_codes.py)."""
+    return 2 * num_layers * num_kv_heads * kv_codes.bytes_per_head(kv_cache_dtype, dtype, head_dim)
 
 
 class PagedKVCache:
@@ -34,18 +37,31 @@ class PagedKVCache:
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", use_triton: bool = False,
-                 pad_block: bool = False, use_cpu_kernel: bool = False):
+                 pad_block: bool = False, use_cpu_kernel: bool = False, kv_cache_dtype: str = "auto"):
         # pad_block: one more block, owned by no request, where the padding rows of a recorded step
         # (chapter 8) write and read; `num_blocks` stays the count requests can use
+        kv_codes.check_kv_cache_dtype(kv_cache_dtype)
         shape = (num_blocks + pad_block, block_size, num_kv_heads, head_dim)
-        self.k = [zeros_on_huge_pages(shape, dtype, device) for _ in range(num_layers)]
-        self.v = [zeros_on_huge_pages(shape, dtype, device) for _ in range(num_layers)]
+        stored = kv_codes.storage_dtype(kv_cache_dtype, dtype)
+        self.k = [zeros_on_huge_pages(shape, stored, device) for _ in range(num_layers)]
+        self.v = [zeros_on_huge_pages(shape, stored, device) for _ in range(num_layers)]
+        # int8 codes: a float16 scale per token and KV head (chapter 12); none otherwise
+        scaled = kv_cache_dtype == "int8"
+        self.k_scale = [torch.zeros(shape[:3], dtype=kv_codes.SCALE_DTYPE, device=device) for _ in
+                        range(num_layers)] if scaled else None
+        self.v_scale = [torch.zeros(shape[:3], dtype=kv_codes.SCALE_DTYPE, device=device) for _ in
+                        range(num_layers)] if scaled else None
+        self.kv_cache_dtype = kv_cache_dtype
         self.num_blocks, self.block_size = num_blocks, block_size
         self.pad_block: int | None = num_blocks if pad_block else None
         self.table_rows = BlockTableRows(num_blocks, device)  # the sequences' tables, kept between passes
-        self.bytes_per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
+        self.bytes_per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype, kv_cache_dtype)
         if use_triton and use_cpu_kernel:
             raise ValueError("use_triton (CUDA) and use_cpu_kernel (CPU) exclude each other")
+        if kv_cache_dtype != "auto" and (use_triton or use_cpu_kernel):
+            raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} runs on the torch paged-attention reference only: "
+                             f"the {'Triton' if use_triton else 'C'} kernels read the model's dtype (set "
+                             f"{'use_triton' if use_triton else 'use_cpu_kernel'}=False)")
         if use_cpu_kernel:
             from minillm.attention import cpu_paged
 
@@ -67,13 +83,20 @@ class PagedKVCache:
 
     @classmethod
     def for_model(cls, config, num_blocks: int, block_size: int, dtype: torch.dtype, device,
-                  use_triton: bool = False, pad_block: bool = False, use_cpu_kernel: bool = False) -> PagedKVCache:
+                  use_triton: bool = False, pad_block: bool = False, use_cpu_kernel: bool = False,
+                  kv_cache_dtype: str = "auto") -> PagedKVCache:
         return cls(config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim, dtype, device,
-                   use_triton, pad_block, use_cpu_kernel)
+                   use_triton, pad_block, use_cpu_kernel, kv_cache_dtype)
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+        return sum(t.numel() * t.element_size() for t in self.k + self.v + (self.k_scale or []) + (self.v_scale or []))
+
+    def scales(self, layer: int) -> dict[str, torch.Tensor]:
+        """The keyword arguments the ops take for `layer`'s scales (none for an unscaled cache)."""
+        if self.k_scale is None:
+            return {}
+        return {"k_scale": self.k_scale[layer], "v_scale": self.v_scale[layer]}
 
     @property
     def num_slots(self) -> int:
@@ -82,8 +105,9 @@ class PagedKVCache:
 
     def describe(self) -> str:
         pad = " (+1 pad block)" if self.pad_block is not None else ""
+        codes = f", {self.kv_cache_dtype}" if self.kv_cache_dtype != "auto" else ""
         return (f"paged KV cache: {self.num_blocks} blocks{pad} x {self.block_size} tokens = {self.num_slots} tokens, "
-                f"{format_bytes(self.bytes_per_token)} per token, {format_bytes(self.nbytes)}")
+                f"{format_bytes(self.bytes_per_token)} per token{codes}, {format_bytes(self.nbytes)}")
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """For each (source, destination): the source block's K/V into the destination block, in every
@@ -94,9 +118,8 @@ class PagedKVCache:
         device = self.k[0].device
         sources = torch.tensor([s for s, _ in copies], dtype=torch.long, device=device)
         destinations = torch.tensor([d for _, d in copies], dtype=torch.long, device=device)
-        for k, v in zip(self.k, self.v):
-            k.index_copy_(0, destinations, k.index_select(0, sources))
-            v.index_copy_(0, destinations, v.index_select(0, sources))
+        for tensor in self.k + self.v + (self.k_scale or []) + (self.v_scale or []):
+            tensor.index_copy_(0, destinations, tensor.index_select(0, sources))
 
     def batch(self, block_tables: Sequence[Sequence[int]], starts: list[int], query_lens: list[int],
               rows: Sequence[int] | None = None) -> PagedBatch:
@@ -163,16 +186,17 @@ class PagedBatch:
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         """q: (num_tokens, heads, head_dim); k, v: (num_tokens, kv_heads, head_dim) -> like q."""
         ops, k_cache, v_cache = self.cache.ops, self.cache.k[layer], self.cache.v[layer]
-        ops.store_kv(k, v, k_cache, v_cache, self.slot_mapping)
+        scales = self.cache.scales(layer)  # a quantized cache's (chapter 12): {} otherwise
+        ops.store_kv(k, v, k_cache, v_cache, self.slot_mapping, **scales)
         if self.all_decode:  # a pure decode step: the kernel's output is the layer's
             _, tables, context_lens = self.decode_groups[0]
-            return ops.paged_decode_attention(q, k_cache, v_cache, tables, context_lens, scale)
+            return ops.paged_decode_attention(q, k_cache, v_cache, tables, context_lens, scale, **scales)
         out = torch.empty_like(q)
         for rows, tables, context_lens in self.decode_groups:
-            out[rows] = ops.paged_decode_attention(q[rows], k_cache, v_cache, tables, context_lens, scale)
+            out[rows] = ops.paged_decode_attention(q[rows], k_cache, v_cache, tables, context_lens, scale, **scales)
         if self.max_prefill_len:
             ops.paged_prefill_attention(q, k_cache, v_cache, self.prefill_tables, self.prefill_rows, self.prefill_lens,
-                                        self.prefill_starts, scale, out, self.max_prefill_len)
+                                        self.prefill_starts, scale, out, self.max_prefill_len, **scales)
         return out
 
 

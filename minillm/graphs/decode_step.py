@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from minillm.attention import paged_ops
+from minillm.attention.kv_codes import dequantize, is_quantized
 from minillm.model.decoder import CausalLM
 
 
@@ -30,8 +31,10 @@ class StaticPagedDecode:
     (with `ops`, the paged operations module: torch or Triton)."""
 
     def __init__(self, k_cache: list[torch.Tensor], v_cache: list[torch.Tensor], slot_mapping: torch.Tensor,
-                 block_tables: torch.Tensor, context_lens: torch.Tensor, ops=paged_ops):
+                 block_tables: torch.Tensor, context_lens: torch.Tensor, ops=paged_ops,
+                 k_scale: list[torch.Tensor] | None = None, v_scale: list[torch.Tensor] | None = None):
         self.k_cache, self.v_cache, self.ops = k_cache, v_cache, ops
+        self.k_scale, self.v_scale = k_scale, v_scale  # an int8 cache's scales (chapter 12)
         self.slot_mapping, self.block_tables, self.context_lens = slot_mapping, block_tables, context_lens
         if ops is paged_ops:  # computed once per step, used by every layer
             rows, width = block_tables.shape
@@ -43,7 +46,8 @@ class StaticPagedDecode:
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         """q: (rows, heads, head_dim); k, v: (rows, kv_heads, head_dim) -> (rows, heads, head_dim)."""
         k_cache, v_cache = self.k_cache[layer], self.v_cache[layer]
-        self.ops.store_kv(k, v, k_cache, v_cache, self.slot_mapping)
+        scales = {} if self.k_scale is None else {"k_scale": self.k_scale[layer], "v_scale": self.v_scale[layer]}
+        self.ops.store_kv(k, v, k_cache, v_cache, self.slot_mapping, **scales)
         if self.ops is not paged_ops:
             return self.ops.paged_decode_attention(q, k_cache, v_cache, self.block_tables, self.context_lens, scale)
         rows, heads, head_dim = q.shape
@@ -52,6 +56,9 @@ class StaticPagedDecode:
         # (rows, width * block_size, kv_heads, head_dim): each row's blocks, whole (index_select: fast on CPU)
         keys = k_cache.index_select(0, self.blocks).view(rows, keys_per_row, kv_heads, head_dim)
         values = v_cache.index_select(0, self.blocks).view(rows, keys_per_row, kv_heads, head_dim)
+        if is_quantized(k_cache):  # codes: read back as the model's floats
+            keys, values = (dequantize(codes, None if not scales else scales[name].index_select(0, self.blocks).view(
+                rows, keys_per_row, kv_heads), q.dtype) for codes, name in ((keys, "k_scale"), (values, "v_scale")))
         queries = q.view(rows, kv_heads, heads // kv_heads, head_dim)  # GQA: a KV head's query heads as rows
         out = F.scaled_dot_product_attention(queries, keys.transpose(1, 2), values.transpose(1, 2),
                                              attn_mask=self.visible, scale=scale)  # (rows, kv_heads, group, dim)
@@ -60,9 +67,10 @@ class StaticPagedDecode:
 
 def decode_step(model: CausalLM, k_cache: list[torch.Tensor], v_cache: list[torch.Tensor], input_ids: torch.Tensor,
                 positions: torch.Tensor, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
-                context_lens: torch.Tensor, ops=paged_ops) -> torch.Tensor:
+                context_lens: torch.Tensor, ops=paged_ops, k_scale: list[torch.Tensor] | None = None,
+                v_scale: list[torch.Tensor] | None = None) -> torch.Tensor:
     """One decode token per row through the whole model: (rows,) ... -> (rows, vocab) float32 logits.
     Writes each row's K/V into the cache; rows of padding write only into the pad block."""
-    backend = StaticPagedDecode(k_cache, v_cache, slot_mapping, block_tables, context_lens, ops)
+    backend = StaticPagedDecode(k_cache, v_cache, slot_mapping, block_tables, context_lens, ops, k_scale, v_scale)
     hidden = model(input_ids, positions, backend)  # (rows, hidden)
     return model.logits(hidden)

@@ -95,8 +95,9 @@ class RecordedDecode:
         ids, positions, slots, tables, context_lens = inputs.tensors  # eager / compile: the used columns
         tables = tables[:, :used]
         if self._compiled is None:
-            return decode_step(self.model, self.cache.k, self.cache.v, ids, positions, slots, tables,
-                               context_lens, self.cache.ops)[: len(rows)], bucket
+            logits = decode_step(self.model, self.cache.k, self.cache.v, ids, positions, slots, tables,
+                                 context_lens, self.cache.ops, self.cache.k_scale, self.cache.v_scale)
+            return logits[: len(rows)], bucket
         if self._weights_version() != self._weights_seen:  # frozen weights changed in place: compile afresh
             self._release()
             self._compiled, self._weights_seen = self._compile(), self._weights_version()
@@ -108,7 +109,7 @@ class RecordedDecode:
         try:  # freezing: the weights become constants, so Inductor pre-packs them for the CPU's matmul kernels
             with torch._dynamo.config.patch(limits), torch._inductor.config.patch(freezing=True):
                 logits = self._compiled(self.model, self.cache.k, self.cache.v, ids, positions, slots, tables,
-                                        context_lens, self.cache.ops)
+                                        context_lens, self.cache.ops, self.cache.k_scale, self.cache.v_scale)
         except Exception as err:  # noqa: BLE001 (any failure to compile: say it once, run eagerly)
             self.disabled_reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
             logger.warning("compile=True: the decode step could not be compiled (%s); every step now runs eagerly",
@@ -149,7 +150,8 @@ class RecordedDecode:
         inputs, ops = self.inputs[bucket], self.cache.ops
 
         def step() -> torch.Tensor:
-            return decode_step(self.model, self.cache.k, self.cache.v, *inputs.tensors, ops=ops)
+            return decode_step(self.model, self.cache.k, self.cache.v, *inputs.tensors, ops=ops,
+                               k_scale=self.cache.k_scale, v_scale=self.cache.v_scale)
 
         with torch.inference_mode():
             side = torch.cuda.Stream()
