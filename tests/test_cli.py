@@ -223,5 +223,9 @@ def test_serve_quantizes_when_asked():
     config = engine_config(build_parser().parse_args(["serve", "--quantization", "int4",
                                                       "--quantization-group-size", "32"]))
     assert (config.quantization, config.quantization_group_size) == ("int4", 32)
+    assert config.kv_cache_dtype == "auto"
+    assert engine_config(build_parser().parse_args(["serve", "--kv-cache-dtype", "fp8"])).kv_cache_dtype == "fp8"
+    with pytest.raises(ValueError, match="needs kv='paged'"):
+        engine_config(build_parser().parse_args(["serve", "--kv", "contiguous", "--kv-cache-dtype", "int8"]))
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--quantization", "int3"])
