@@ -145,10 +145,9 @@ class EngineConfig:
             if self.kv != "paged":
                 raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} needs kv='paged' (the quantized cache is "
                                  "the paged one)")
-            for kernel in ("use_triton", "use_cpu_kernel"):
-                if getattr(self, kernel):
-                    raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} runs on the torch paged-attention "
-                                     f"reference only: {kernel}=True reads the model's dtype")
+            if self.use_cpu_kernel:
+                raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} runs on the torch reference or the Triton "
+                                 "kernels: use_cpu_kernel=True (the C decode kernel) reads the model's dtype")
 
     def _check_recording(self) -> None:
         """compile / cuda_graphs (chapter 8): one of them, on the paged cache, with valid buckets."""

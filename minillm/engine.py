@@ -210,8 +210,7 @@ class LLMEngine:
                            f"{num_blocks} blocks x {config.block_size} tokens x {format_bytes(per_token)} per token"
                            f"{whose}")
         use_triton = config.use_triton
-        # the kernels when they can run and were not asked for by name (a quantized cache: the torch reference)
-        if use_triton is None and model.device.type == "cuda" and kv_dtype == "auto":
+        if use_triton is None and model.device.type == "cuda":  # when they can run and were not asked for by name
             from minillm.attention.triton_paged import unavailable_reason
 
             power_of_two = config.block_size & (config.block_size - 1) == 0

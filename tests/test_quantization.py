@@ -224,3 +224,44 @@ def test_on_cuda_the_engine_runs_the_triton_kernel_and_gives_the_quantized_naive
                           kv_cache_bytes=paged_budget(cuda_model, 8, 12))
     engine = LLMEngine(quantized, ByteTokenizer(), config)
     assert list(run_to_completion(engine, ARRIVALS).values()) == expected
+
+
+COMPILE_SCRIPT = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from minillm.quantization import triton_matmul
+
+fn = triton_matmul._quantized_matmul_kernel
+for x, int4 in [("fp32", False), ("bf16", False), ("fp16", True), ("bf16", True)]:
+    types = {"x_ptr": "*" + x, "out_ptr": "*" + x, "codes_ptr": "*u8" if int4 else "*i8", "scale_ptr": "*fp32",
+             "minimum_ptr": "*fp32"}
+    constants = {"INT4": int4, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "UPCAST": False,
+                 "PRECISION": "ieee" if x == "fp32" else "tf32"}
+    signature = {name: "constexpr" if name in constants else types.get(name, "i32") for name in fn.arg_names}
+    assert triton.compile(ASTSource(fn, signature, constants), target=GPUTarget("cuda", 90, 32)).asm["cubin"]
+    print(x, "int4" if int4 else "int8", "compiled")
+"""
+
+
+def test_the_triton_kernel_compiles_for_a_gpu_target(tmp_path):
+    """Down to a cubin for sm_90 (no GPU needed): what the interpreter lets through, the compiler may not."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton")
+    from triton.backends import backends
+
+    if "nvidia" not in backends:
+        pytest.skip("this triton build has no NVIDIA backend")
+    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[1]), env.get("PYTHONPATH", "")])
+    result = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT], env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-5000:]
+    assert result.stdout.split("\n")[:4] == ["fp32 int8 compiled", "bf16 int8 compiled", "fp16 int4 compiled",
+                                             "bf16 int4 compiled"]

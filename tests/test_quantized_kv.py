@@ -122,9 +122,60 @@ def test_the_quantized_cache_with_quantized_weights_and_a_compiled_decode_step(m
 @pytest.mark.parametrize("options, match", [
     (dict(kv_cache_dtype="int4", kv="paged"), "kv_cache_dtype must be one of"),
     (dict(kv_cache_dtype="fp8"), "needs kv='paged'"),
-    (dict(kv_cache_dtype="int8", kv="paged", use_triton=True), "use_triton=True reads the model's dtype"),
-    (dict(kv_cache_dtype="int8", kv="paged", use_cpu_kernel=True), "use_cpu_kernel=True reads the model's dtype"),
+    (dict(kv_cache_dtype="int8", kv="paged", use_cpu_kernel=True), "use_cpu_kernel=True .* reads the model's dtype"),
 ])
 def test_bad_combinations_name_the_field(options, match):
     with pytest.raises(ValueError, match=match):
         EngineConfig(**options)
+
+
+
+# -------------------------------------------------------------------------------------------------- Triton
+@pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
+def test_the_triton_kernels_dequantize_on_load_like_the_reference(kv_cache_dtype):
+    """minillm/attention/triton_paged.py on a quantized cache (interpreted here: TRITON_INTERPRET=1 from
+    tests/conftest.py; compiled by scripts/gpu_check.sh): the same codes stored, the same attention read."""
+    pytest.importorskip("triton")
+    from minillm.attention import triton_paged
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if triton_paged.unavailable_reason(device):
+        pytest.skip(triton_paged.unavailable_reason(device))
+    generator = torch.Generator().manual_seed(1)
+    k, v = (torch.randn(21, 2, 16, generator=generator).to(device) * 3 for _ in range(2))
+    q = torch.randn(21, 4, 16, generator=generator).to(device)
+    slots = torch.randperm(24, generator=generator)[:21].to(device)
+    caches = [PagedKVCache(1, 6, 4, 2, 16, device=device, kv_cache_dtype=kv_cache_dtype) for _ in range(2)]
+    paged_ops.store_kv(k, v, caches[0].k[0], caches[0].v[0], slots, **caches[0].scales(0))
+    triton_paged.store_kv(k, v, caches[1].k[0], caches[1].v[0], slots, **caches[1].scales(0))
+    for name in ("k", "v", "k_scale", "v_scale"):
+        if getattr(caches[0], name) is not None:
+            assert torch.equal(getattr(caches[0], name)[0], getattr(caches[1], name)[0]), name
+    cache = caches[1]
+    table = torch.arange(6, dtype=torch.int32, device=device)[None]  # one sequence over every block, in order
+    lens = torch.tensor([int(slots.max()) + 1], dtype=torch.int32, device=device)
+    got = triton_paged.paged_decode_attention(q[:1], cache.k[0], cache.v[0], table, lens, 0.25, **cache.scales(0))
+    expected = paged_ops.paged_decode_attention(q[:1], cache.k[0], cache.v[0], table, lens, 0.25, **cache.scales(0))
+    assert torch.allclose(got, expected, atol=1e-5)
+    out_t, out_r = torch.zeros_like(q), torch.zeros_like(q)
+    starts = [torch.tensor([x], dtype=torch.int32, device=device) for x in (0, 12, 4)]  # 12 queries after 4 keys
+    triton_paged.paged_prefill_attention(q, cache.k[0], cache.v[0], table, *starts, 0.25, out_t, 12,
+                                         **cache.scales(0))
+    paged_ops.paged_prefill_attention(q, cache.k[0], cache.v[0], table, *starts, 0.25, out_r, 12, **cache.scales(0))
+    assert torch.allclose(out_t, out_r, atol=1e-5)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
+def test_the_engine_on_the_triton_kernels_gives_the_round_tripped_naive_loops_tokens(model, kv_cache_dtype):
+    pytest.importorskip("triton")
+    from minillm.attention import triton_paged
+
+    if triton_paged.unavailable_reason(model.device):
+        pytest.skip(triton_paged.unavailable_reason(model.device))
+    arrivals = ARRIVALS[:3]
+    expected = [naive_greedy(model, prompt, n, kv_cache_dtype) for _, prompt, n in arrivals]
+    config = EngineConfig(max_num_seqs=3, max_model_len=64, max_tokens_per_step=64, kv="paged", block_size=8,
+                          kv_cache_dtype=kv_cache_dtype, use_triton=True, prefix_cache=True)
+    engine = LLMEngine(model, ByteTokenizer(), config)
+    assert engine.cache.ops is triton_paged
+    assert list(run_to_completion(engine, arrivals).values()) == expected

@@ -390,25 +390,31 @@ def compile_kernel(fn, types, constants):
     return triton.compile(ASTSource(fn, signature, constants), target=GPUTarget("cuda", 90, 32))
 
 
-for dtype, index in [("fp32", "i32"), ("fp16", "i32"), ("bf16", "i64")]:
-    data = {name: "*" + dtype for name in ("out_ptr", "q_ptr", "k_ptr", "v_ptr", "k_cache_ptr", "v_cache_ptr")}
+# the model's dtype, the index dtype, what the cache holds (chapter 12's codes: KV_CODES 1 int8 + scales, 2 fp8)
+for dtype, index, cache, codes in [("fp32", "i32", "fp32", 0), ("fp16", "i32", "fp16", 0), ("bf16", "i64", "bf16", 0),
+                                   ("bf16", "i32", "i8", 1), ("fp16", "i64", "u8", 2)]:
+    data = {name: "*" + dtype for name in ("out_ptr", "q_ptr", "k_ptr", "v_ptr")}
+    scales = "*fp16" if codes == 1 else "*" + cache
+    data |= {"k_cache_ptr": "*" + cache, "v_cache_ptr": "*" + cache, "k_scale_ptr": scales, "v_scale_ptr": scales}
     decode = compile_kernel(kernels._paged_decode_attention_kernel,
                             {**data, "block_tables_ptr": "*" + index, "context_lens_ptr": "*" + index, "scale": "fp32"},
-                            {"BLOCK_SIZE": 16, "HEAD_DIM_PADDED": 128})
-    store = compile_kernel(kernels._store_kv_kernel, {**data, "slot_mapping_ptr": "*" + index},
+                            {"BLOCK_SIZE": 16, "HEAD_DIM_PADDED": 128, "KV_CODES": codes})
+    store = compile_kernel(kernels._store_kv_kernel, {**data, "k_ptr": "*" + cache, "v_ptr": "*" + cache,
+                                                      "slot_mapping_ptr": "*" + index},
                            {"BLOCK_SIZE": 16, "HEADS_PADDED": 4, "HEAD_DIM_PADDED": 128})
     prefill = compile_kernel(kernels._paged_prefill_attention_kernel,
                              {**data, "block_tables_ptr": "*" + index, "query_starts_ptr": "*" + index,
                               "query_lens_ptr": "*" + index, "context_starts_ptr": "*" + index, "scale": "fp32"},
                              {"BLOCK_SIZE": 16, "BLOCK_M": 16, "BLOCK_N": 32, "HEAD_DIM_PADDED": 128,
-                              "PRECISION": "ieee" if dtype == "fp32" else "tf32", "UPCAST": False})
+                              "PRECISION": "ieee" if dtype == "fp32" else "tf32", "UPCAST": False, "KV_CODES": codes})
     assert decode.asm["cubin"] and store.asm["cubin"] and prefill.asm["cubin"]
-    print(dtype, index, "compiled")
+    print(dtype, index, cache, "compiled")
 """
 
 
 def test_kernels_compile_for_a_gpu_target(tmp_path):
-    """Compile the three kernels down to a cubin for sm_90, in float32, float16 and bfloat16 (no GPU needed):
+    """Compile the three kernels down to a cubin for sm_90, in float32, float16 and bfloat16, and on int8 and fp8
+    caches (chapter 12; no GPU needed):
     catches what the interpreter lets through, like a loop-carried variable that changes type."""
     from triton.backends import backends
 
@@ -420,7 +426,8 @@ def test_kernels_compile_for_a_gpu_target(tmp_path):
     result = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT], env=env, capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0, result.stderr[-5000:]
-    assert result.stdout.split("\n")[:3] == ["fp32 i32 compiled", "fp16 i32 compiled", "bf16 i64 compiled"]
+    assert result.stdout.split("\n")[:5] == ["fp32 i32 fp32 compiled", "fp16 i32 fp16 compiled",
+                                              "bf16 i64 bf16 compiled", "bf16 i32 i8 compiled", "fp16 i64 u8 compiled"]
 
 
 # ---------------------------------------------------------------------------------------------------- errors

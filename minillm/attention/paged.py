@@ -9,7 +9,7 @@ sequence arrives with its block table, and token t of it lives at slot
 `minillm/attention/paged_ops.py` (torch, runs everywhere), on CUDA with Triton installed
 `minillm/attention/triton_paged.py`, or on a CPU in float32 `minillm/attention/cpu_paged.py` (a C
 decode kernel; same signatures). `kv_cache_dtype` "int8" or "fp8" stores codes instead of floats
-(chapter 12: minillm/attention/kv_codes.py), through the torch operations.
+(chapter 12: minillm/attention/kv_codes.py), through the torch operations or the Triton kernels.
 """
 
 from __future__ import annotations
@@ -58,10 +58,9 @@ class PagedKVCache:
         self.bytes_per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype, kv_cache_dtype)
         if use_triton and use_cpu_kernel:
             raise ValueError("use_triton (CUDA) and use_cpu_kernel (CPU) exclude each other")
-        if kv_cache_dtype != "auto" and (use_triton or use_cpu_kernel):
-            raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} runs on the torch paged-attention reference only: "
-                             f"the {'Triton' if use_triton else 'C'} kernels read the model's dtype (set "
-                             f"{'use_triton' if use_triton else 'use_cpu_kernel'}=False)")
+        if kv_cache_dtype != "auto" and use_cpu_kernel:
+            raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} runs on the torch reference or the Triton kernels: "
+                             "the C decode kernel reads the model's dtype (set use_cpu_kernel=False)")
         if use_cpu_kernel:
             from minillm.attention import cpu_paged
 

@@ -38,12 +38,18 @@ Three kernels, each launched on a grid of small independent programs:
 The kernels follow the tensors' strides, so views (e.g. K and V split out of a fused QKV) work. The
 decode kernel's shapes are small (one query row): it uses elementwise products and `tl.sum`.
 
+A quantized cache (chapter 12: int8 codes with a scale per token and head, or fp8) is dequantized by
+the attention kernels as they load each tile (`_dequantize`); `store_kv` makes the codes with torch
+(minillm/attention/kv_codes.py) and copies them like floats.
+
 Triton is optional: this module imports without it (`TRITON_AVAILABLE` is then False and the
 functions raise RuntimeError). On a machine without a GPU, set `TRITON_INTERPRET=1` before triton is
 first imported to run the kernels, slowly, in Triton's interpreter on CPU tensors.
 """
 
 import torch
+
+from minillm.attention import kv_codes
 
 try:
     import triton
@@ -91,17 +97,32 @@ if TRITON_AVAILABLE:
                  mask=mask)
 
     @triton.jit
+    def _dequantize(stored, scale_ptrs, rows_mask, KV_CODES: tl.constexpr):
+        """A (rows, HEAD_DIM_PADDED) tile as loaded from the cache -> float32: floats as they are; int8 codes
+        times their row's scale (loaded from `scale_ptrs`, one per row); fp8 bit patterns viewed as e4m3."""
+        if KV_CODES == 2:
+            return stored.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        values = stored.to(tl.float32)
+        if KV_CODES == 1:
+            values = values * tl.load(scale_ptrs, mask=rows_mask, other=0.0).to(tl.float32)[:, None]
+        return values
+
+    @triton.jit
     def _paged_decode_attention_kernel(
         out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, scale,
+        k_scale_ptr, v_scale_ptr,
         stride_out_seq, stride_out_head, stride_out_dim,
         stride_q_seq, stride_q_head, stride_q_dim,
         stride_kc_block, stride_kc_offset, stride_kc_head, stride_kc_dim,
         stride_vc_block, stride_vc_offset, stride_vc_head, stride_vc_dim,
         stride_table_seq, stride_table_block,
+        stride_ks_block, stride_ks_offset, stride_ks_head,
         head_dim, query_heads_per_kv_head,
-        BLOCK_SIZE: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr,
+        BLOCK_SIZE: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, KV_CODES: tl.constexpr,
     ):
-        """One program per (sequence, query head): out[seq, head] = softmax(q K^T * scale) V, block by block."""
+        """One program per (sequence, query head): out[seq, head] = softmax(q K^T * scale) V, block by block.
+        KV_CODES: 0 the cache holds floats, 1 int8 codes with a scale per token and head (k_scale_ptr,
+        v_scale_ptr), 2 fp8 bit patterns — dequantized as they are loaded (chapter 12)."""
         seq = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1)
         kv_head = head // query_heads_per_kv_head
@@ -122,6 +143,8 @@ if TRITON_AVAILABLE:
         table_row = block_tables_ptr + seq * stride_table_seq
         k_head = k_cache_ptr + kv_head * stride_kc_head
         v_head = v_cache_ptr + kv_head * stride_vc_head
+        ks_head = k_scale_ptr + kv_head * stride_ks_head
+        vs_head = v_scale_ptr + kv_head * stride_ks_head
         num_blocks = tl.cdiv(context_len, BLOCK_SIZE)  # only these table entries are read
         for logical_block in range(0, num_blocks):
             physical_block = tl.load(table_row + logical_block * stride_table_block).to(tl.int64)
@@ -129,7 +152,9 @@ if TRITON_AVAILABLE:
             tile_mask = visible[:, None] & dim_mask[None, :]  # (BLOCK_SIZE, HEAD_DIM_PADDED)
 
             k_tile = k_head + physical_block * stride_kc_block + offsets[:, None] * stride_kc_offset
-            keys = tl.load(k_tile + dims[None, :] * stride_kc_dim, mask=tile_mask, other=0.0).to(tl.float32)
+            keys = _dequantize(tl.load(k_tile + dims[None, :] * stride_kc_dim, mask=tile_mask, other=0),
+                               ks_head + physical_block * stride_ks_block + offsets * stride_ks_offset, visible,
+                               KV_CODES)
             scores = tl.sum(keys * q[None, :], axis=1) * scale  # (BLOCK_SIZE,)
             scores = tl.where(visible, scores, float("-inf"))
 
@@ -140,7 +165,9 @@ if TRITON_AVAILABLE:
             weights = tl.exp(scores - new_max)  # (BLOCK_SIZE,), 0 where not visible
 
             v_tile = v_head + physical_block * stride_vc_block + offsets[:, None] * stride_vc_offset
-            values = tl.load(v_tile + dims[None, :] * stride_vc_dim, mask=tile_mask, other=0.0).to(tl.float32)
+            values = _dequantize(tl.load(v_tile + dims[None, :] * stride_vc_dim, mask=tile_mask, other=0),
+                                 vs_head + physical_block * stride_ks_block + offsets * stride_ks_offset, visible,
+                                 KV_CODES)
             acc = acc * rescale + tl.sum(weights[:, None] * values, axis=0)  # (HEAD_DIM_PADDED,)
             running_sum = running_sum * rescale + tl.sum(weights, axis=0)
             running_max = new_max
@@ -152,19 +179,21 @@ if TRITON_AVAILABLE:
     @triton.jit
     def _paged_prefill_attention_kernel(
         out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, query_starts_ptr, query_lens_ptr,
-        context_starts_ptr, scale,
+        context_starts_ptr, scale, k_scale_ptr, v_scale_ptr,
         stride_out_token, stride_out_head, stride_out_dim,
         stride_q_token, stride_q_head, stride_q_dim,
         stride_kc_block, stride_kc_offset, stride_kc_head, stride_kc_dim,
         stride_vc_block, stride_vc_offset, stride_vc_head, stride_vc_dim,
         stride_table_seq, stride_table_block,
+        stride_ks_block, stride_ks_offset, stride_ks_head,
         head_dim, query_heads_per_kv_head,
         BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr,
-        PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+        PRECISION: tl.constexpr, UPCAST: tl.constexpr, KV_CODES: tl.constexpr,
     ):
         """One program per (sequence, query head, tile of BLOCK_M new tokens): those tokens attend
         causally to the sequence's cached keys, BLOCK_N keys at a time, with an online softmax.
-        UPCAST: compute the dots in float32 (Triton's interpreter gets bfloat16 tl.dot wrong)."""
+        UPCAST: compute the dots in float32 (Triton's interpreter gets bfloat16 tl.dot wrong).
+        KV_CODES: as in the decode kernel; codes become q's dtype before the dots, as in the torch reference."""
         seq = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1)
         tile = tl.program_id(2)
@@ -191,6 +220,8 @@ if TRITON_AVAILABLE:
         table_row = block_tables_ptr + seq * stride_table_seq
         k_head = k_cache_ptr + kv_head * stride_kc_head
         v_head = v_cache_ptr + kv_head * stride_vc_head
+        ks_head = k_scale_ptr + kv_head * stride_ks_head
+        vs_head = v_scale_ptr + kv_head * stride_ks_head
         # keys past the tile's last query are never visible to it: stop there
         key_end = tl.minimum(context_start + num_queries, context_start + (tile + 1) * BLOCK_M)
         key_end = tl.where(tile * BLOCK_M < num_queries, key_end, 0)  # the grid fits the longest chunk: idle tiles
@@ -203,7 +234,10 @@ if TRITON_AVAILABLE:
             offsets = keys_at % BLOCK_SIZE
             tile_mask = key_mask[:, None] & dim_mask[None, :]  # (BLOCK_N, HEAD_DIM_PADDED)
             k = tl.load(k_head + blocks[:, None] * stride_kc_block + offsets[:, None] * stride_kc_offset
-                        + dims[None, :] * stride_kc_dim, mask=tile_mask, other=0.0)
+                        + dims[None, :] * stride_kc_dim, mask=tile_mask, other=0)
+            if KV_CODES != 0:
+                k = _dequantize(k, ks_head + blocks * stride_ks_block + offsets * stride_ks_offset, key_mask,
+                                KV_CODES).to(q.dtype)
             if UPCAST:
                 k = k.to(tl.float32)
             scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # (BLOCK_M, BLOCK_N)
@@ -215,7 +249,10 @@ if TRITON_AVAILABLE:
             rescale = tl.exp(running_max - new_max)  # (BLOCK_M,)
             weights = tl.exp(scores - new_max[:, None])  # (BLOCK_M, BLOCK_N), 0 where not visible
             v = tl.load(v_head + blocks[:, None] * stride_vc_block + offsets[:, None] * stride_vc_offset
-                        + dims[None, :] * stride_vc_dim, mask=tile_mask, other=0.0)
+                        + dims[None, :] * stride_vc_dim, mask=tile_mask, other=0)
+            if KV_CODES != 0:
+                v = _dequantize(v, vs_head + blocks * stride_ks_block + offsets * stride_ks_offset, key_mask,
+                                KV_CODES).to(q.dtype)
             if UPCAST:
                 v = v.to(tl.float32)
             update = tl.dot(weights.to(v.dtype), v, input_precision=PRECISION)  # (BLOCK_M, HEAD_DIM_PADDED)
@@ -289,7 +326,8 @@ def _check_against_cache(num_seqs: int, num_heads: int, head_dim: int, k_cache: 
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+             slot_mapping: torch.Tensor, k_scale: torch.Tensor | None = None,
+             v_scale: torch.Tensor | None = None) -> None:
     """Write each new token's K and V into its slot, in place.
 
     k, v: (num_tokens, num_kv_heads, head_dim); k_cache, v_cache: (num_blocks, block_size, num_kv_heads,
@@ -308,6 +346,12 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     if num_tokens == 0:
         return
     slot_mapping = slot_mapping.contiguous()  # the kernel reads slot_mapping[token] at offset `token`
+    if kv_codes.is_quantized(k_cache):  # codes made by torch (kv_codes.py), copied by the kernel; scales indexed
+        kind = "int8" if k_cache.dtype == torch.int8 else "fp8"
+        (k, k_scales), (v, v_scales) = kv_codes.quantize(k, kind), kv_codes.quantize(v, kind)
+        if k_scales is not None:
+            k_scale.view(-1, num_kv_heads)[slot_mapping] = k_scales
+            v_scale.view(-1, num_kv_heads)[slot_mapping] = v_scales
 
     _store_kv_kernel[(num_tokens,)](
         k, v, k_cache, v_cache, slot_mapping,
@@ -320,7 +364,8 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                           block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
+                           k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Each sequence's one new query attends over its `context_len` cached tokens (its own included).
 
     q: (num_seqs, num_heads, head_dim); k_cache, v_cache: (num_blocks, block_size, num_kv_heads, head_dim)
@@ -342,12 +387,13 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if num_seqs == 0:
         return out
     context_lens = context_lens.contiguous()  # the kernel reads context_lens[seq] at offset `seq`
+    k_scale, v_scale, scale_strides, codes = _scales(k_cache, k_scale, v_scale)
     _paged_decode_attention_kernel[(num_seqs, num_heads)](
-        out, q, k_cache, v_cache, block_tables, context_lens, float(scale),
-        *out.stride(), *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(),
+        out, q, k_cache, v_cache, block_tables, context_lens, float(scale), k_scale, v_scale,
+        *out.stride(), *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(), *scale_strides,
         head_dim, num_heads // num_kv_heads,
         BLOCK_SIZE=block_size,
-        HEAD_DIM_PADDED=triton.next_power_of_2(head_dim),
+        HEAD_DIM_PADDED=triton.next_power_of_2(head_dim), KV_CODES=codes,
     )
     return out
 
@@ -355,7 +401,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             block_tables: torch.Tensor, query_starts: torch.Tensor, query_lens: torch.Tensor,
                             context_starts: torch.Tensor, scale: float, out: torch.Tensor,
-                            max_query_len: int | None = None) -> None:
+                            max_query_len: int | None = None, k_scale: torch.Tensor | None = None,
+                            v_scale: torch.Tensor | None = None) -> None:
     """Prefill / extend attention for many sequences in one launch (see `paged_ops.paged_prefill_attention`).
 
     q, out: (num_tokens, num_heads, head_dim); k_cache, v_cache: (num_blocks, block_size, num_kv_heads,
@@ -384,13 +431,26 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     block_m = 16
     # the interpreter's bfloat16 tl.dot returns wrong values (triton-lang/triton#11584): float32 there
     upcast = _interpreted() and q.dtype == torch.bfloat16
+    k_scale, v_scale, scale_strides, codes = _scales(k_cache, k_scale, v_scale)
     _paged_prefill_attention_kernel[(num_seqs, num_heads, triton.cdiv(longest, block_m))](
         out, q, k_cache, v_cache, block_tables, query_starts.contiguous(), query_lens.contiguous(),
-        context_starts.contiguous(), float(scale),
-        *out.stride(), *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(),
+        context_starts.contiguous(), float(scale), k_scale, v_scale,
+        *out.stride(), *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(), *scale_strides,
         head_dim, num_heads // num_kv_heads,
         BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_N=32,
         HEAD_DIM_PADDED=max(16, triton.next_power_of_2(head_dim)),  # tl.dot needs every dimension >= 16
         # float32 stays float32 ("ieee", not TF32's 10-bit mantissa): token-exact with the torch path
-        PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32", UPCAST=upcast,
+        PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32", UPCAST=upcast, KV_CODES=codes,
     )
+
+
+def _scales(k_cache: torch.Tensor, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None):
+    """What the attention kernels take for a cache's codes: (k_scale, v_scale, their strides, KV_CODES) —
+    the cache itself and zero strides in place of scales it has none of (never read then)."""
+    if not kv_codes.is_quantized(k_cache):
+        return k_cache, k_cache, (0, 0, 0), 0
+    if k_cache.dtype == torch.uint8:
+        return k_cache, k_cache, (0, 0, 0), 2
+    if k_scale is None or v_scale is None or k_scale.shape != k_cache.shape[:3] or v_scale.stride() != k_scale.stride():
+        raise ValueError(f"an int8 cache needs k_scale and v_scale of shape {tuple(k_cache.shape[:3])}, alike")
+    return k_scale, v_scale, k_scale.stride(), 1
