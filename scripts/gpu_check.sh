@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU checks for the paged KV cache (chapter 4), the prefix cache (chapter 5), chunked prefill (chapter 6),
 # speculative decoding (chapter 7), CUDA Graphs (chapter 8), serving (chapter 9) and quantized weights (chapter 12,
-# the Triton int8/int4 matmul compiled for CUDA: tests/test_quantization.py), as one script for a machine
+# the Triton int8/int4 matmul and the paged kernels on int8/fp8 caches, compiled for CUDA: tests/test_quantization.py,
+# tests/test_quantized_kv.py), as one script for a machine
 # with an NVIDIA GPU.
 #
 # What it measures:
@@ -33,7 +34,7 @@ unset TRITON_INTERPRET
 $PY -m pytest -q tests/test_triton_paged.py tests/test_paged_attention.py tests/test_cuda_engine.py tests/test_paged_engine.py \
     tests/test_prefix_cache.py tests/test_prefix_cache_engine.py tests/test_chunked_prefill.py \
     tests/test_speculative_acceptance.py tests/test_speculative_engine.py tests/test_static_decode.py \
-    tests/test_quantization.py
+    tests/test_quantization.py tests/test_quantized_kv.py
 $PY benchmarks/paged_decode.py
 # 3. speculative decoding's batch-1 figures on the GPU (bfloat16, the shipped models): output tok/s without and with
 #    speculation, tokens per target pass, and how many outputs equal the run without it (bfloat16 may flip a tie)
