@@ -1490,3 +1490,212 @@ def fill_threads_most_among_ties(*args):
 @wrong("ch11.fill_threads", "not always better")
 def fill_threads_all_or_nothing(*args):
     return _fill_threads(*args, greedy=True)  # WRONG: the fewest that hide the fill, else every thread
+
+
+# ----------------------------------------------------------------------------- ch12.quantize_int8
+
+
+def _per_channel(weight, clip=1.0, *, over="rows", clamp=True, rounding=torch.round, zero_rows=True):
+    w = weight.detach().float()
+    if over == "rows":
+        largest = w.abs().amax(dim=1)
+    elif over == "columns":
+        largest = w.abs().amax(dim=0)
+    else:
+        largest = w.abs().max().expand(w.shape[0])
+    scale = torch.where(largest > 0, clip * largest / 127, torch.ones_like(largest)) if zero_rows else \
+        clip * largest / 127
+    codes = rounding(w / (scale[None, :] if over == "columns" else scale[:, None]))
+    if clamp:
+        codes = torch.clamp(codes, -127, 127)
+    return codes.to(torch.int8), scale
+
+
+@wrong("ch12.quantize_int8", "One scale per output row")
+def quantize_per_channel_per_tensor(weight, clip=1.0):
+    return _per_channel(weight, clip, over="tensor")  # WRONG: one scale for the whole matrix
+
+
+@wrong("ch12.quantize_int8", "One scale per output row")
+def quantize_per_channel_per_input_column(weight, clip=1.0):
+    return _per_channel(weight, clip, over="columns")  # WRONG: max over the rows, one scale per input column
+
+
+@wrong("ch12.quantize_int8", "clamped to ±127")
+def quantize_per_channel_without_clamping(weight, clip=1.0):
+    return _per_channel(weight, clip, clamp=False)  # WRONG: 254 wraps around in int8
+
+
+@wrong("ch12.quantize_int8", "rounded to the nearest integer, not toward zero")
+def quantize_per_channel_toward_zero(weight, clip=1.0):
+    return _per_channel(weight, clip, rounding=torch.trunc)  # WRONG: .to(torch.int8) alone truncates
+
+
+@wrong("ch12.quantize_int8", "goes to the even one")
+def quantize_per_channel_halves_up(weight, clip=1.0):
+    return _per_channel(weight, clip, rounding=lambda x: torch.floor(x + 0.5))  # WRONG: 2.5 -> 3
+
+
+@wrong("ch12.quantize_int8", "A row of zeros gets scale 1")
+def quantize_per_channel_divides_by_zero(weight, clip=1.0):
+    return _per_channel(weight, clip, zero_rows=False)  # WRONG: a zero row's scale is 0, its codes 0 / 0
+
+
+# ----------------------------------------------------------------------------- ch12.dequantize_int8
+
+
+@wrong("ch12.dequantize_int8", "one scale per output row, not per input column")
+def dequantize_per_channel_along_columns(codes, scale):
+    return codes.float() * scale[None, :]  # WRONG: broadcast along the rows' inputs
+
+
+@wrong("ch12.dequantize_int8", "codes * scale")
+def dequantize_per_channel_divides(codes, scale):
+    return codes.float() / scale[:, None]  # WRONG: the scale is a step size, not a count of steps
+
+
+@wrong("ch12.dequantize_int8", "float32")
+def dequantize_per_channel_keeps_the_codes_dtype(codes, scale):
+    return (codes * scale[:, None]).to(codes.dtype)  # WRONG: back into int8
+
+
+# ----------------------------------------------------------------------------- ch12.quantize_int4
+
+
+def _groups(weight, group_size, *, axis="inputs", symmetric=False, from_minimum=True, rounding=torch.round,
+            constant=True, per_tensor=False):
+    n, k = weight.shape
+    w = weight.detach().float()
+    if axis == "inputs":
+        grouped = w.reshape(n, k // group_size, group_size)  # (N, K/G, G): reduce the last
+    elif axis == "strided":
+        grouped = w.reshape(n, group_size, k // group_size).transpose(1, 2)  # every (K/G)-th input in a group
+    else:
+        grouped = w.T.reshape(k, n // group_size, group_size)  # groups of G output rows
+    if per_tensor:
+        low, high = w.min().expand(grouped.shape[:2]), w.max().expand(grouped.shape[:2])
+    else:
+        low, high = grouped.amin(dim=-1), grouped.amax(dim=-1)
+    if symmetric:
+        largest = torch.maximum(low.abs(), high.abs())
+        low, high = -largest, largest
+    scale = (high - low) / 15
+    if constant:
+        scale = torch.where(high > low, scale, torch.ones_like(scale))
+    shifted = grouped - low[..., None] if from_minimum else grouped
+    codes = torch.clamp(rounding(shifted / scale[..., None]), 0, 15).to(torch.uint8)
+    if axis == "inputs":
+        codes = codes.reshape(n, k)
+    elif axis == "strided":
+        codes = codes.transpose(1, 2).reshape(n, k)
+    else:
+        codes, scale, low = codes.reshape(k, n).T, scale.T, low.T
+    return codes, scale, low
+
+
+@wrong("ch12.quantize_int4", "consecutive inputs, each group with its own scale and minimum")
+def quantize_groups_strided(weight, group_size):
+    return _groups(weight, group_size, axis="strided")  # WRONG: reshape(N, G, K/G): every K/G-th input
+
+
+@wrong("ch12.quantize_int4", "one per group of output rows")
+def quantize_groups_along_the_outputs(weight, group_size):
+    return _groups(weight, group_size, axis="outputs")  # WRONG: G consecutive rows of a column share a scale
+
+
+@wrong("ch12.quantize_int4", "each group with its own scale and minimum")
+def quantize_groups_per_tensor(weight, group_size):
+    return _groups(weight, group_size, per_tensor=True)  # WRONG: the whole matrix's range for every group
+
+
+@wrong("ch12.quantize_int4", "Asymmetric")
+def quantize_groups_symmetric(weight, group_size):
+    return _groups(weight, group_size, symmetric=True)  # WRONG: [-max|w|, max|w|], half the codes unused
+
+
+@wrong("ch12.quantize_int4", "steps up from the group's minimum")
+def quantize_groups_forgetting_the_minimum(weight, group_size):
+    return _groups(weight, group_size, from_minimum=False)  # WRONG: round(w / scale)
+
+
+@wrong("ch12.quantize_int4", "not toward zero")
+def quantize_groups_toward_zero(weight, group_size):
+    return _groups(weight, group_size, rounding=torch.trunc)  # WRONG: truncated
+
+
+@wrong("ch12.quantize_int4", "A constant group gets scale 1")
+def quantize_groups_divides_by_zero(weight, group_size):
+    return _groups(weight, group_size, constant=False)  # WRONG: a constant group's scale is 0
+
+
+# ----------------------------------------------------------------------------- ch12.dequantize_int4
+
+
+@wrong("ch12.dequantize_int4", "The group's minimum is added back")
+def dequantize_groups_forgetting_the_minimum(codes, scale, minimum):
+    group_size = codes.shape[1] // scale.shape[1]
+    return codes.float() * scale.repeat_interleave(group_size, dim=1)  # WRONG: no minimum
+
+
+@wrong("ch12.dequantize_int4", "uses group k // G's scale and minimum")
+def dequantize_groups_tiled(codes, scale, minimum):
+    group_size = codes.shape[1] // scale.shape[1]
+    return codes.float() * scale.repeat(1, group_size) + minimum.repeat(1, group_size)  # WRONG: k % groups
+
+
+@wrong("ch12.dequantize_int4", "float32")
+def dequantize_groups_in_half_precision(codes, scale, minimum):
+    group_size = codes.shape[1] // scale.shape[1]
+    out = codes.float() * scale.repeat_interleave(group_size, dim=1) + minimum.repeat_interleave(group_size, dim=1)
+    return out.half()  # WRONG: not float32
+
+
+# ----------------------------------------------------------------------------- ch12.fastest_scheme
+
+
+def _fastest_scheme(schemes, num_weights, kv_bytes_per_token, context_lengths, bandwidth_gb_s, tflops, *,
+                    combine=max, group_bytes=True, kv=True, per_token_unpacking=True, batch_flops=True,
+                    ties="first"):
+    times = []
+    batch = len(context_lengths)
+    for name, s in schemes.items():
+        moved = num_weights * s["bits"] / 8 + (sum(context_lengths) * kv_bytes_per_token if kv else 0)
+        if group_bytes and s["group_size"] is not None:
+            moved += num_weights / s["group_size"] * s["group_bytes"]
+        unpacking = num_weights * s["dequant_flops"] * (batch if per_token_unpacking else 1)
+        flops = (batch if batch_flops else 1) * num_weights * 2 + (unpacking if batch_flops else
+                                                                   num_weights * s["dequant_flops"])
+        times.append((1000 * combine(moved / (bandwidth_gb_s * 1e9), flops / (tflops * 1e12)), name))
+    least = min(t for t, _ in times)
+    best = [name for t, name in times if t <= least + 1e-9]
+    return best[0] if ties == "first" else best[-1]
+
+
+@wrong("ch12.fastest_scheme", "not their sum")
+def fastest_scheme_adds_reading_and_computing(*args):
+    return _fastest_scheme(*args, combine=lambda a, b: a + b)  # WRONG: no overlap of bytes and arithmetic
+
+
+@wrong("ch12.fastest_scheme", "The scales of each group are bytes too")
+def fastest_scheme_without_group_bytes(*args):
+    return _fastest_scheme(*args, group_bytes=False)  # WRONG: only the codes' bits are read
+
+
+@wrong("ch12.fastest_scheme", "Every cached token is read too")
+def fastest_scheme_without_the_kv_cache(*args):
+    return _fastest_scheme(*args, kv=False)  # WRONG: only the weights are read
+
+
+@wrong("ch12.fastest_scheme", "The unpacking is paid for every token")
+def fastest_scheme_unpacks_once_per_step(*args):
+    return _fastest_scheme(*args, per_token_unpacking=False)  # WRONG: each weight unpacked once per step
+
+
+@wrong("ch12.fastest_scheme", "bound by arithmetic, which grows with the batch")
+def fastest_scheme_flops_of_one_token(*args):
+    return _fastest_scheme(*args, batch_flops=False)  # WRONG: the FLOPs of one token, whatever the batch
+
+
+@wrong("ch12.fastest_scheme", "the first scheme in the dict's order")
+def fastest_scheme_last_among_ties(*args):
+    return _fastest_scheme(*args, ties="last")  # WRONG: among equal times, the last
