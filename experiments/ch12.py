@@ -17,9 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 SCALE_BYTES = 4  # the engine stores its scales (and int4's minima) as float32
 
 
@@ -201,3 +203,116 @@ def decode_roofline(params: float, bytes_per_weight: float, batch: int, context:
     memory_s, compute_s = read / device.bandwidth, flops / device.flops
     return {"bytes": read, "flops": flops, "memory_s": memory_s, "compute_s": compute_s,
             "step_s": max(memory_s, compute_s), "bound": "memory" if memory_s >= compute_s else "compute"}
+
+
+# ------------------------------------------------------------------------------------------- live timing
+def decode_step_ms(engine, prompt_ids: Sequence[int], batch: int, tokens: int = 24) -> float:
+    """The median all-decode step (ms) of `batch` greedy requests decoding `tokens` tokens each."""
+    import statistics
+
+    from minillm.sampling import SamplingParams
+
+    params = SamplingParams(temperature=0, max_new_tokens=tokens, ignore_eos=True)
+    first = engine.trace.next_step
+    ids = [engine.add_request(list(prompt_ids), params).request_id for _ in range(batch)]
+    while engine.has_unfinished():
+        engine.step()
+    for request_id in ids:
+        engine.release(request_id)
+    steps = [s.duration for s in engine.trace.steps if s.step >= first and s.decode_tokens == batch
+             and s.num_tokens == batch]
+    return statistics.median(steps) * 1e3
+
+
+def decode_speed(engines: dict, prompt_ids: Sequence[int], batches: Sequence[int] = (1, 16), tokens: int = 24,
+                 rounds: int = 3, baseline: str = "fp32"):
+    """Each engine's decode step at each batch size, interleaved over `rounds` after a warm-up, as ratios to
+    `baseline`'s step in the same round. A Finding: its table rows in numbers["rows"]."""
+    from experiments import Finding
+    from minillm.timing import interleaved
+
+    runs = {f"{name} @{batch}": (lambda e=engine, b=batch: decode_step_ms(e, prompt_ids, b, tokens))
+            for batch in batches for name, engine in engines.items()}
+    trials = interleaved(runs, rounds, warmup=True, rerun="this cell")
+    rows, words = [], []
+    for batch in batches:
+        for name in engines:
+            ratio = trials.ratio(f"{name} @{batch}", f"{baseline} @{batch}", what=f"{name}'s decode step at batch "
+                                 f"{batch} against {baseline}'s") if name != baseline else None
+            rows.append([name, str(batch), f"{trials.median(f'{name} @{batch}'):.2f} ms",
+                         "1.00x" if ratio is None else f"{ratio.value:.2f}x",
+                         "" if ratio is None else ratio.rounds()])
+            if ratio is not None:
+                words.append(f"{name} at batch {batch}: {ratio.value:.2f}x")
+    text = (f"Decode step time against {baseline}'s, the median of {rounds} interleaved rounds: "
+            + "; ".join(words) + ".")
+    return Finding(text, True, {"rows": rows}, trials)
+
+
+# ------------------------------------------------------------------------------------------- engine runs
+def run_greedy(engine, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
+    """Every prompt's greedy tokens (no stop at the end-of-text token), the requests released after."""
+    from minillm.sampling import SamplingParams
+
+    params = SamplingParams(temperature=0, max_new_tokens=max_new_tokens, ignore_eos=True)
+    ids = [engine.add_request(list(p), params).request_id for p in prompts]
+    while engine.has_unfinished():
+        engine.step()
+    outputs = [list(engine.output(i).token_ids) for i in ids]
+    for request_id in ids:
+        engine.release(request_id)
+    return outputs
+
+
+@dataclass(frozen=True)
+class Capacity:
+    kv_cache_dtype: str
+    bytes_per_token: int
+    blocks: int
+    peak_running: int  # the most requests decoding in one step
+    preemptions: int
+
+
+def kv_capacity(model, tokenizer, kv_cache_dtype: str, budget: int, prompts: Sequence[Sequence[int]],
+                max_new_tokens: int, block_size: int = 16) -> tuple[Capacity, list[list[int]]]:
+    """The same long-context requests through a paged cache of `budget` bytes holding `kv_cache_dtype`: how many
+    ran at once at most (and how often one was preempted), and their greedy tokens."""
+    from minillm.config import EngineConfig
+    from minillm.engine import LLMEngine
+
+    engine = LLMEngine(model, tokenizer, EngineConfig(max_num_seqs=len(prompts), max_model_len=512, kv="paged",
+                                                      block_size=block_size, kv_cache_bytes=budget,
+                                                      kv_cache_dtype=kv_cache_dtype))
+    first = engine.trace.next_step
+    outputs = run_greedy(engine, prompts, max_new_tokens)
+    peak = max(step.busy_slots for step in engine.trace.steps if step.step >= first)
+    return Capacity(kv_cache_dtype, engine.cache.bytes_per_token, engine.pool.num_blocks, peak,
+                    engine.num_preemptions), outputs
+
+
+
+# ----------------------------------------------------------------------------------------- saved results
+def saved_words(saved: dict) -> str:
+    """What benchmarks/results/quantization.json says, computed from whatever it holds."""
+    parts = [f"Saved by benchmarks/quantization.py on {saved.get('machine', 'an unnamed machine')}"
+             f"{' (a quick run)' if saved.get('quick') else ''}, {saved.get('rounds', '?')} interleaved rounds."]
+    quality = saved.get("quality", {})
+    if quality:
+        parts.append("Perplexity against fp32's: " + ", ".join(
+            f"{name} {row['perplexity_ratio'] - 1:+.2%}" for name, row in quality.items() if name != "fp32") + ".")
+    speed = saved.get("speed", {})
+    for batch in ("1", "16"):
+        rows = speed.get(batch, {}).get("rows", {})
+        if rows:
+            parts.append(f"Decode step at batch {batch} against fp32's: " + ", ".join(
+                f"{name} {row['vs_fp32']:.2f}x" for name, row in rows.items() if name != "fp32") + ".")
+    torchao = saved.get("torchao", {})
+    if torchao:
+        parts.append(f"(torchao {torchao.get('version', '')}: {torchao.get('config', torchao.get('reason', ''))}.)")
+    caches = saved.get("kv", {}).get("caches", {})
+    if caches:
+        budget = saved["kv"].get("budget_bytes", 0) / 2**20
+        parts.append(f"KV cache in {budget:g} MiB: " + ", ".join(
+            f"{name} {row['tokens_in_budget']:,} tokens, at most {row['peak_concurrent_requests']} requests at once"
+            for name, row in caches.items()) + ".")
+    return " ".join(parts)

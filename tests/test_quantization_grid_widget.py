@@ -20,7 +20,7 @@ def frames():
 
 def test_a_frame_names_its_scheme_its_bytes_and_its_error(frames):
     frame = render_frame(frames, 8, "demo <layer>")
-    assert frame.startswith("<svg") and 'class="quantization-grid"' in frame and 'data-frame="8"' in frame
+    assert frame.startswith("<svg") and 'class="quantization-grid"' in frame and 'data-step="8"' in frame
     assert "demo &lt;layer&gt; · int4 groups of 64, asymmetric · 0.625 bytes per weight" in frame
     assert f"error {frames[8].error:.1%} of the weights" in frame
     assert "the 16 values each group&#x27;s scale allows" in frame

@@ -48,7 +48,7 @@ def render_frame(frames: Sequence[Any], index: int, title: str = "") -> str:
     step = (ROW_RIGHT - ROW_LEFT) / n
     heading = f"{title} · " if title else ""
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="quantization-grid" width="{WIDTH}" height="{HEIGHT}" '
-             f'viewBox="0 0 {WIDTH} {HEIGHT}" style="max-width:100%;height:auto" data-frame="{index}" '
+             f'viewBox="0 0 {WIDTH} {HEIGHT}" style="max-width:100%;height:auto" data-step="{index}" '
              'font-family="sans-serif" font-size="12">',
              f'<text x="0" y="16" font-weight="bold">{html.escape(heading + frame.label)} · '
              f'{frame.bytes_per_weight:.3f} bytes per weight · error {frame.error:.1%} of the weights\' RMS</text>',

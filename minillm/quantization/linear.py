@@ -8,9 +8,9 @@ bfloat16 activations only: with float32 ones PyTorch 2.13 takes a scalar path (m
 16 rows x 256 -> 1536: 5.3 ms for int8, 10.7 ms for int4, against 0.2 ms with bfloat16 activations and
 0.14 ms for the float32 matmul). So a float32 model's quantized layers round their input to bfloat16 for
 the matmul and return float32 — an error of the order of bfloat16's (0.4% per number), below int8's own,
-and part of every quality figure the course measures. On CUDA a Triton kernel does the same (minillm/quantization/triton_matmul.py). Anywhere else
-(float16 on the CPU, torch.compile) the reference runs: the weight dequantized, then F.linear — the same
-numbers, without the saving.
+and part of every quality figure the course measures. On CUDA a Triton kernel does the same
+(minillm/quantization/triton_matmul.py). Anywhere else (float16 on the CPU, torch.compile) the reference
+runs: the weight dequantized, then F.linear — the same numbers, without the saving.
 
 A layer is built for the device its codes are on: on the CPU an int4 layer keeps only the kernel's
 layout (its `dequantize()` reads the weight back through the kernel itself).
