@@ -134,13 +134,17 @@ class EngineConfig:
             raise ValueError(f"device must be None, 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         if self.dtype not in (None, "float32", "float16", "bfloat16"):
             raise ValueError(f"dtype must be None, 'float32', 'float16' or 'bfloat16', got {self.dtype!r}")
-        if self.quantization is not None:
-            from minillm.quantization.model import check_scheme
-
-            check_scheme(self.quantization, self.quantization_group_size)
         from minillm.attention.kv_codes import check_kv_cache_dtype
+        from minillm.quantization.model import check_scheme
 
+        # the group size is checked even without a scheme, and kept as a plain int (a numpy integer would be
+        # refused later by the int4 layers); the names are kept as plain str (not numpy's, nor arrays)
+        check_scheme(self.quantization, self.quantization_group_size, allow_none=True)
+        object.__setattr__(self, "quantization_group_size", int(self.quantization_group_size))
+        if self.quantization is not None:
+            object.__setattr__(self, "quantization", str(self.quantization))
         check_kv_cache_dtype(self.kv_cache_dtype)
+        object.__setattr__(self, "kv_cache_dtype", str(self.kv_cache_dtype))
         if self.kv_cache_dtype != "auto":
             if self.kv != "paged":
                 raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} needs kv='paged' (the quantized cache is "

@@ -5,7 +5,8 @@ weights, is most of the bytes a step moves — and the cache's size decides how 
 once. Stored in one byte instead of two (bfloat16) or four (float32):
 
     int8   codes[t, h, :] = round(k[t, h, :] / scale[t, h]),  scale[t, h] = max|k[t, h, :]| / 127 (float16)
-           one scale per token and KV head: 2 more bytes per head_dim numbers
+           one scale per token and KV head: 2 more bytes per head_dim numbers; the scale stops at float16's
+           largest, so a number beyond 127 x 65504 saturates (as fp8's do beyond 448) instead of reading NaN
     fp8    k[t, h, :] as float8_e4m3fn (3 mantissa bits, at most ±448: clamped), no scale — vLLM's
            `kv_cache_dtype="fp8"` with its default scale of 1
 
@@ -28,10 +29,11 @@ FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # the largest float8_e4m3fn
 INT8_MAX = 127
 SCALE_DTYPE = torch.float16
+SCALE_MAX = torch.finfo(SCALE_DTYPE).max  # int8's scales: |k| up to 127 x 65504 (about 8.3e6), then saturated
 
 
 def check_kv_cache_dtype(kv_cache_dtype: object) -> None:
-    if kv_cache_dtype not in KV_CACHE_DTYPES:
+    if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}")
 
 
@@ -57,7 +59,8 @@ def quantize(x: torch.Tensor, kv_cache_dtype: str) -> tuple[torch.Tensor, torch.
     if kv_cache_dtype == "fp8":
         return x.float().clamp(-FP8_MAX, FP8_MAX).to(FP8).view(torch.uint8), None
     amax = x.float().abs().amax(dim=-1)
-    scale = torch.where(amax > 0, amax / INT8_MAX, torch.ones_like(amax)).to(SCALE_DTYPE)
+    # at most float16's largest (not inf: 0 · inf would read back NaN), so beyond 127 x 65504 values saturate
+    scale = torch.where(amax > 0, amax / INT8_MAX, torch.ones_like(amax)).clamp(max=SCALE_MAX).to(SCALE_DTYPE)
     codes = torch.clamp(torch.round(x.float() / scale.float()[..., None]), -INT8_MAX, INT8_MAX).to(torch.int8)
     return codes, scale
 

@@ -8,12 +8,15 @@ bfloat16 activations only: with float32 ones PyTorch 2.13 takes a scalar path (m
 16 rows x 256 -> 1536: 5.3 ms for int8, 10.7 ms for int4, against 0.2 ms with bfloat16 activations and
 0.14 ms for the float32 matmul). So a float32 model's quantized layers round their input to bfloat16 for
 the matmul and return float32 — an error of the order of bfloat16's (0.4% per number), below int8's own,
-and part of every quality figure the course measures. On CUDA a Triton kernel does the same
-(minillm/quantization/triton_matmul.py). Anywhere else (float16 on the CPU, torch.compile) the reference
-runs: the weight dequantized, then F.linear — the same numbers, without the saving.
+and part of every quality figure the course measures. Under torch.compile the CPU kernels run as opaque
+custom ops (Inductor's own lowering of them refuses scales converted inside the graph), so a compiled step
+computes exactly the eager step's numbers. On CUDA a Triton kernel does the same
+(minillm/quantization/triton_matmul.py). Anywhere else (float16 on the CPU) the reference runs: the weight
+dequantized, then F.linear — the same numbers up to rounding, without the saving.
 
 A layer is built for the device its codes are on: on the CPU an int4 layer keeps only the kernel's
-layout (its `dequantize()` reads the weight back through the kernel itself).
+layout (its `dequantize()` reads the weight back through the kernel itself) — unless its outputs are not a
+multiple of 16, which that layout cannot hold: such a layer keeps the portable codes and runs the reference.
 """
 
 from __future__ import annotations
@@ -27,6 +30,30 @@ from minillm.quantization.formats import Int4Weight, Int8Weight
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # what the CPU kernels take as activations
 INT4_ZERO_CODE = 8  # the CPU int4 kernel computes w = (q - 8) · scale + zero
+INT4_CPU_ROWS = 16  # the CPU int4 kernel's layout holds a multiple of 16 output channels
+
+
+@torch.library.custom_op("minillm::int8_weight_mm_cpu", mutates_args=())
+def _int8_mm_cpu(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """`aten._weight_int8pack_mm` with the scales in x's dtype, as one op torch.compile does not look into."""
+    return torch.ops.aten._weight_int8pack_mm(x, qweight, scale.to(x.dtype))
+
+
+@_int8_mm_cpu.register_fake
+def _(x, qweight, scale):
+    return x.new_empty(x.shape[0], qweight.shape[0])
+
+
+@torch.library.custom_op("minillm::int4_weight_mm_cpu", mutates_args=())
+def _int4_mm_cpu(x: torch.Tensor, packed: torch.Tensor, group_size: int, scales_and_zeros: torch.Tensor
+                 ) -> torch.Tensor:
+    """`aten._weight_int4pack_mm_for_cpu` with the scales and zeros in x's dtype, as one opaque op."""
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group_size, scales_and_zeros.to(x.dtype))
+
+
+@_int4_mm_cpu.register_fake
+def _(x, packed, group_size, scales_and_zeros):
+    return x.new_empty(x.shape[0], scales_and_zeros.shape[1])
 
 
 class QuantizedLinear(nn.Module):
@@ -56,7 +83,7 @@ class QuantizedLinear(nn.Module):
         return out.view(*x.shape[:-1], self.out_features)
 
     def _kernel_runs(self, x: torch.Tensor) -> bool:
-        return x.is_cpu and x.dtype in KERNEL_DTYPES and not torch.compiler.is_compiling()
+        return x.is_cpu and x.dtype in KERNEL_DTYPES
 
     def _kernel(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -89,6 +116,8 @@ class Int8Linear(QuantizedLinear):
 
     def _kernel(self, x: torch.Tensor) -> torch.Tensor:
         """x: (M, K) float32 or bfloat16 (the scales follow it) -> (M, N) in x's dtype."""
+        if torch.compiler.is_compiling():
+            return _int8_mm_cpu(x, self.qweight, self.scale)
         return torch.ops.aten._weight_int8pack_mm(x, self.qweight, self.scale.to(x.dtype))
 
     def _triton(self, x: torch.Tensor) -> torch.Tensor:
@@ -107,7 +136,8 @@ class Int4Linear(QuantizedLinear):
         n, k = weight.packed.shape[0], weight.packed.shape[1] * 2
         super().__init__(k, n, bias)
         self.group_size = weight.group_size
-        if weight.packed.is_cpu:  # the kernel's blocked layout only; its scale and zero per (group, channel)
+        if weight.packed.is_cpu and n % INT4_CPU_ROWS == 0:
+            # the kernel's blocked layout only; its scale and zero per (group, channel)
             codes = weight.q.to(torch.int32)
             self.register_buffer("cpu_packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1))
             zero = weight.minimum + INT4_ZERO_CODE * weight.scale
@@ -123,6 +153,8 @@ class Int4Linear(QuantizedLinear):
 
     def _kernel(self, x: torch.Tensor) -> torch.Tensor:
         """x: (M, K) float32 or bfloat16 (the scales and zeros follow it) -> (M, N) in x's dtype."""
+        if torch.compiler.is_compiling():
+            return _int4_mm_cpu(x, self.cpu_packed, self.group_size, self.scales_and_zeros)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.cpu_packed, self.group_size,
                                                             self.scales_and_zeros.to(x.dtype))
 

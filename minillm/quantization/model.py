@@ -16,35 +16,42 @@ from __future__ import annotations
 
 import copy
 
+import torch
 from torch import nn
 
 from minillm.model.decoder import CausalLM
 from minillm.quantization.formats import GROUP_SIZES, check_group_size, quantize_int4, quantize_int8
 from minillm.quantization.linear import Int4Linear, Int8Linear, QuantizedLinear
+from minillm.sampling import is_int
 
 SCHEMES = ("int8", "int4")
 QUANTIZED_LAYERS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 DEFAULT_GROUP_SIZE = 64
 
 
-def check_scheme(scheme: object, group_size: object = DEFAULT_GROUP_SIZE) -> None:
-    """A ValueError naming the field, for a scheme or group size the engine does not know."""
-    if scheme not in SCHEMES:
+def check_scheme(scheme: object, group_size: object = DEFAULT_GROUP_SIZE, allow_none: bool = False) -> None:
+    """A ValueError naming the field, for a scheme or group size the engine does not know (a group size must be
+    an integer, Python's or numpy's; `allow_none`: no scheme is one)."""
+    if not (scheme is None and allow_none) and not (isinstance(scheme, str) and scheme in SCHEMES):
         raise ValueError(f"quantization must be one of {SCHEMES} (or None), got {scheme!r}")
-    if isinstance(group_size, bool) or group_size not in GROUP_SIZES:
+    if not is_int(group_size) or group_size not in GROUP_SIZES:
         raise ValueError(f"quantization_group_size must be one of {GROUP_SIZES}, got {group_size!r}")
 
 
 def quantize_model(model: CausalLM, scheme: str, group_size: int = DEFAULT_GROUP_SIZE) -> CausalLM:
     """`model` with its decoder layers' linear layers in `scheme` ("int8": per channel; "int4": groups of
     `group_size` inputs). Refuses a model that is quantized already, and a group size that does not divide
-    a layer's inputs (ValueError)."""
+    a layer's inputs, or a layer with inf or NaN weights (ValueError)."""
     check_scheme(scheme, group_size)
+    scheme, group_size = str(scheme), int(group_size)  # numpy's as Python's: what the int4 kernels take
     if quantization_of(model) is not None:
         raise ValueError(f"the model is quantized already ({quantization_of(model)})")
-    if scheme == "int4":
-        for _, module in _targets(model):
+    for name, module in _targets(model):
+        if scheme == "int4":
             check_group_size(group_size, module.in_features)
+        if not torch.isfinite(module.weight).all():  # its codes would hide it: a NaN row's scale would be 1
+            raise ValueError(f"{name}.weight holds inf or NaN: a checkpoint with non-finite weights cannot be "
+                             "quantized")
     quantized = _shallow_copy(model, scheme, group_size)
     quantized.quantization = scheme if scheme == "int8" else f"int4 (group {group_size})"
     return quantized
@@ -84,8 +91,9 @@ def _targets(model: nn.Module, include_quantized: bool = True):
 
 def _shallow_copy(module: nn.Module, scheme: str, group_size: int) -> nn.Module:
     new = copy.copy(module)
-    new._parameters = dict(module._parameters)
-    new._buffers = dict(module._buffers)
+    for name, value in vars(module).items():  # its own parameter and buffer dicts, hooks, non-persistent set:
+        if isinstance(value, dict | set):  # a hook added to the copy must not run on the original
+            vars(new)[name] = copy.copy(value)
     new._modules = {}
     for name, child in module._modules.items():
         if child is not None and name in QUANTIZED_LAYERS and isinstance(child, nn.Linear):
