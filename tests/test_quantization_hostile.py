@@ -1,8 +1,9 @@
 """Quantization attacked (chapter 12): numpy and float group sizes, arrays for names, K/V beyond the int8
 scales' range, non-finite weights, layers whose outputs the CPU int4 layout cannot hold, compiled decode
-steps on quantized weights, hooks on a quantized copy. Each once broke an invariant: a config accepted and
-then refused by the engine, NaN read back from the cache, a silently wrong model, an aten RuntimeError, a
-compiled step that left the quantized naive loop's tokens, a hook that ran on the float model."""
+steps on quantized weights, hooks on a quantized copy, refused prompts in the quality measurements. Each
+once broke an invariant: a config accepted and then refused by the engine, NaN read back from the cache, a
+silently wrong model, an aten RuntimeError, a compiled step that left the quantized naive loop's tokens, a
+hook that ran on the float model, requests left running in an engine."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from minillm.engine import LLMEngine
 from minillm.model import load_model
 from minillm.quantization import Int4Linear, quantization_of, quantize_int4, quantize_model
 from minillm.quantization.kv_oracle import naive_greedy
+from minillm.quantization.quality import arithmetic_answers, greedy_outputs
 from minillm.sampling import SamplingParams
 from tests.hf_reference import ByteTokenizer, make_checkpoint
 from tests.test_engine import run_to_completion
@@ -143,3 +145,17 @@ def test_a_hook_on_the_quantized_model_does_not_run_on_the_original(model):
     finally:
         for handle in handles:
             handle.remove()
+
+
+# ------------------------------------------------------------------------------------------------ quality
+def test_a_refused_prompt_in_the_quality_helpers_leaves_their_engine_idle(model):
+    # the first prompt was left running in the engine when the second was refused (the fixture checks)
+    with pytest.raises(ValueError, match="prompt is empty"):
+        greedy_outputs(model, ByteTokenizer(), [[5, 6], []], 4, quantization="int8")
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        greedy_outputs(model, ByteTokenizer(), [[5], [300]], 4, quantization="int4", quantization_group_size=32,
+                       kv_cache_dtype="fp8")
+    with pytest.raises(ValueError, match="prompts is empty"):  # was: "max() arg is an empty sequence"
+        greedy_outputs(model, ByteTokenizer(), [], 4)
+    with pytest.raises(ValueError, match="prompts is empty"):
+        arithmetic_answers(model, ByteTokenizer(), [])

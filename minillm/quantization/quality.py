@@ -82,11 +82,20 @@ def greedy_outputs(model: CausalLM, tokenizer, prompts: Sequence[Prompt], max_ne
     """Each prompt's `max_new_tokens` greedy tokens (the end-of-text token ignored), all decoded together by
     one paged `LLMEngine` built with `engine_options` (e.g. quantization="int8", kv_cache_dtype="fp8")."""
     ids = [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
-    options = {"kv": "paged", "max_num_seqs": max(len(ids), 1),
-               "max_model_len": max(len(p) for p in ids) + max_new_tokens, **engine_options}
+    params = SamplingParams(temperature=0, max_new_tokens=max_new_tokens, ignore_eos=True)
+    return _run(model, tokenizer, ids, params, engine_options)
+
+
+def _run(model: CausalLM, tokenizer, ids: list[list[int]], params: SamplingParams,
+         engine_options: dict) -> list[list[int]]:
+    """Each prompt's output tokens under `params`, all through one paged engine. A prompt the engine refuses
+    (or an interrupt) aborts the requests already added before the error goes on: the engine is left idle."""
+    if not ids:
+        raise ValueError("prompts is empty: give at least one prompt")
+    options = {"kv": "paged", "max_num_seqs": len(ids),
+               "max_model_len": max(len(p) for p in ids) + params.max_new_tokens, **engine_options}
     engine = LLMEngine(model, tokenizer, EngineConfig(**options))
     try:
-        params = SamplingParams(temperature=0, max_new_tokens=max_new_tokens, ignore_eos=True)
         request_ids = [engine.add_request(p, params).request_id for p in ids]
         while engine.has_unfinished():
             engine.step()
@@ -95,6 +104,8 @@ def greedy_outputs(model: CausalLM, tokenizer, prompts: Sequence[Prompt], max_ne
             engine.release(i)
         return outputs
     finally:
+        for i in engine.unfinished_ids():
+            engine.abort(i)
         engine.close()
 
 
@@ -113,19 +124,9 @@ def arithmetic_answers(model: CausalLM, tokenizer, prompts: Sequence[str], max_n
     """The model's greedy answer to each prompt: its text up to the first line break, stripped — as the
     course's lm-eval task (evals/minillm_arith_gen.yaml) reads it. All prompts run in one engine."""
     ids = [tokenizer.encode(p) for p in prompts]
-    options = {"kv": "paged", "max_num_seqs": max(len(ids), 1),
-               "max_model_len": max(len(p) for p in ids) + max_new_tokens, **engine_options}
-    engine = LLMEngine(model, tokenizer, EngineConfig(**options))
-    try:
-        params = SamplingParams(temperature=0, max_new_tokens=max_new_tokens, stop=("\n",))
-        request_ids = [engine.add_request(p, params).request_id for p in ids]
-        while engine.has_unfinished():
-            engine.step()
-        texts = [tokenizer.decode(engine.output(i).token_ids, skip_special_tokens=True) for i in request_ids]
-        for i in request_ids:
-            engine.release(i)
-    finally:
-        engine.close()
+    params = SamplingParams(temperature=0, max_new_tokens=max_new_tokens, stop=("\n",))
+    tokens = _run(model, tokenizer, ids, params, engine_options)
+    texts = [tokenizer.decode(t, skip_special_tokens=True) for t in tokens]
     return [text.split("\n", 1)[0].strip() for text in texts]
 
 
