@@ -264,6 +264,23 @@ def interleaved(runs: Mapping[str, Callable[[], T]], rounds: int = 3, *, warmup:
     return Trials(results, watch.use, rerun, before=busy_before)
 
 
+def fit_threads(glance_s: float = 0.25) -> str | None:
+    """For a notebook on a busy machine: torch's threads cut, for the rest of the session, to the cores other
+    programs leave free — a thread that waits for a busy core stalls every operation of the others (chapter 12's
+    walk measured a notebook 10x slower with two threads on two busy cores). Returns what it did, or None when
+    the machine is quiet or the threads already fit."""
+    with CpuWatch() as glance:
+        time.sleep(glance_s)
+    use = glance.use
+    before = torch.get_num_threads()
+    if use is None or not use.busy or use.free_cores >= before:
+        return None
+    torch.set_num_threads(use.free_cores)
+    return (f"⚠ {use.describe()}. So torch computes with {use.free_cores} thread{'s' * (use.free_cores != 1)} "
+            f"instead of {before} in this notebook (torch.set_num_threads): the cells run much faster than with "
+            "threads waiting for busy cores, and the timed cells say what the load did to their numbers.")
+
+
 @contextlib.contextmanager
 def torch_threads(count: int):
     """torch's intra-op threads set to `count` for the block, as they were after it."""

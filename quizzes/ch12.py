@@ -41,8 +41,8 @@ QUESTIONS = [
                       "could be.")),
     Question("All weights in one group of 128 lie between 0.02 and 0.10. Why do the course's int4 groups use "
              "asymmetric codes (a scale and a minimum) rather than symmetric ones?",
-             ("Symmetric codes cover [-0.10, 0.10], so the negative half of the 16 codes is never used and the "
-              "step is twice as coarse; asymmetric codes spend all 16 on [0.02, 0.10]",
+             ("Symmetric codes cover [-0.10, 0.10], so the negative half of the codes is never used and the "
+              "step is 2.5 times as coarse; asymmetric codes spend all 16 on [0.02, 0.10]",
               "Symmetric codes cannot represent zero exactly",
               "Asymmetric codes need no scale at all, only the minimum",
               "Kernels cannot multiply signed 4-bit numbers"),

@@ -45,7 +45,8 @@ def test_frames_are_pure_and_the_widget_plays_them(frames):
     assert render_frame(frames, 3) == render_frame(frames, 3)
     widget = QuantizationGrid(frames, "demo")
     assert len(widget.stacks[0].children) == len(frames) == len(widget.slider.options)
-    assert widget.slider.options[0] == "int8 per tensor"
+    assert widget.slider.options[0] == "int8 · per tensor"
+    assert widget.slider.options[-1] == "int3 · groups of 32 (asym.)"
     assert frames[still_index(frames)].label == "int4 groups of 64, asymmetric"  # the first with two groups shown
     with pytest.raises(ValueError):
         render_frame([], 0)

@@ -177,3 +177,23 @@ def test_on_a_busy_machine_the_rounds_run_with_the_threads_that_fit_beside_the_o
 def test_free_cores_round_what_others_leave():
     use = lambda others: CpuUse(wall_s=1.0, ours_s=0.0, others_s=others, cores=2, threads=2)  # noqa: E731
     assert [use(o).free_cores for o in (0.0, 0.3, 1.0, 1.4, 2.0)] == [2, 2, 1, 1, 1]
+
+
+def test_fit_threads_cuts_torch_threads_on_a_busy_machine_and_leaves_a_quiet_one():
+    import torch
+
+    from minillm.timing import fit_threads
+    from tests.cpu_hog import cpu_hog
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with cpu_hog():
+            said = fit_threads()
+        # a loop on every core: at most one core counts as free, so one thread is what fits
+        assert said is not None and torch.get_num_threads() == 1, said
+        assert "torch computes with 1 thread instead of 2" in said
+        torch.set_num_threads(1)
+        assert fit_threads() is None and torch.get_num_threads() == 1  # already fits: nothing to do
+    finally:
+        torch.set_num_threads(before)

@@ -141,6 +141,12 @@ def _scatter(frames: Sequence[Any], index: int) -> str:
     return "".join(parts)
 
 
+def short_label(label: str) -> str:
+    """A scheme's name for the slider: 'int4 groups of 32, asymmetric' -> 'int4 · groups of 32 (asym.)'."""
+    bits, _, rest = label.partition(" ")
+    return f"{bits} · {rest.replace(', asymmetric', ' (asym.)')}"
+
+
 def still_index(frames: Sequence[Any]) -> int:
     """A telling still picture: the first 4-bit scheme with more than one group in view (else the last frame)."""
     return next((i for i, f in enumerate(frames) if f.bits == 4 and len(f.levels) > 1), len(frames) - 1)
@@ -154,5 +160,5 @@ class QuantizationGrid(Animation):
             raise ValueError("the explorer needs at least one frame")
         self.frames = list(frames)
         pictures = [render_frame(self.frames, i, title) for i in range(len(self.frames))]
-        labels = [frame.label for frame in self.frames]
+        labels = [short_label(frame.label) for frame in self.frames]  # the slider is 480 px wide
         super().__init__([pictures], labels, still=still_index(self.frames), interval_ms=interval_ms)
