@@ -90,7 +90,8 @@ class EngineConfig:
     compile: bool = False  # decode steps through torch.compile, one compiled step per batch bucket (chapter 8)
     cuda_graphs: bool = False  # decode steps as CUDA Graphs, one captured per batch bucket (chapter 8; CUDA)
     graph_batch_sizes: tuple[int, ...] | None = None  # the buckets; None: 1, 2, 4, then steps of 8 to max_num_seqs
-    quantization: str | None = None  # weight-only "int8" (per channel) | "int4" (groups) | None (chapter 12)
+    quantization: str | None = None  # weight-only "int8" (per channel) | "int4" (groups) | None (chapter 12);
+    #                                  the target's layers: a draft model stays in the model's dtype
     quantization_group_size: int = 64  # int4: inputs sharing a scale (32, 64 or 128)
     kv_cache_dtype: str = "auto"  # paged K/V as "int8" (a scale per token and head) | "fp8" (e4m3) | "auto"
 
