@@ -47,6 +47,7 @@ def test_the_decode_speed_holds_or_the_guard_fires_under_a_cpu_hog(shipped):
     assert [r[:2] for r in rows] == [["fp32", "1"], ["int8", "1"], ["fp32", "4"], ["int8", "4"]]
     assert rows[0][3] == "1.00x" and rows[1][3].endswith("x") and "int8 at batch 4" in finding.text
     assert finding.warning is not None or finding.trials.trustworthy
+    assert [r.num for r in finding.trials.checked] == ["int8 @1"]  # batch 4's ratio is reported, not judged
 
 
 def test_kv_capacity_counts_the_requests_the_engine_ran_at_once(shipped):
