@@ -260,17 +260,13 @@ def decode_speed(engines: dict, prompt_ids: Sequence[int], batches: Sequence[int
 
 # ------------------------------------------------------------------------------------------- engine runs
 def run_greedy(engine, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
-    """Every prompt's greedy tokens (no stop at the end-of-text token), the requests released after."""
+    """Every prompt's greedy tokens (no stop at the end-of-text token), the requests released after
+    (minillm/quantization/quality.py::engine_outputs)."""
+    from minillm.quantization.quality import engine_outputs
     from minillm.sampling import SamplingParams
 
-    params = SamplingParams(temperature=0, max_new_tokens=max_new_tokens, ignore_eos=True)
-    ids = [engine.add_request(list(p), params).request_id for p in prompts]
-    while engine.has_unfinished():
-        engine.step()
-    outputs = [list(engine.output(i).token_ids) for i in ids]
-    for request_id in ids:
-        engine.release(request_id)
-    return outputs
+    return engine_outputs(engine, prompts, SamplingParams(temperature=0, max_new_tokens=max_new_tokens,
+                                                          ignore_eos=True))
 
 
 @dataclass(frozen=True)

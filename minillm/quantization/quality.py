@@ -96,7 +96,17 @@ def _run(model: CausalLM, tokenizer, ids: list[list[int]], params: SamplingParam
                "max_model_len": max(len(p) for p in ids) + params.max_new_tokens, **engine_options}
     engine = LLMEngine(model, tokenizer, EngineConfig(**options))
     try:
-        request_ids = [engine.add_request(p, params).request_id for p in ids]
+        return engine_outputs(engine, ids, params)
+    finally:
+        engine.close()
+
+
+def engine_outputs(engine: LLMEngine, ids: Sequence[Sequence[int]], params: SamplingParams) -> list[list[int]]:
+    """Each prompt's output tokens under `params`, through `engine`, the requests released after. A prompt the
+    engine refuses (or an interrupt) aborts the requests already added before the error goes on: the engine is
+    left idle."""
+    try:
+        request_ids = [engine.add_request(list(p), params).request_id for p in ids]
         while engine.has_unfinished():
             engine.step()
         outputs = [list(engine.output(i).token_ids) for i in request_ids]
@@ -106,7 +116,6 @@ def _run(model: CausalLM, tokenizer, ids: list[list[int]], params: SamplingParam
     finally:
         for i in engine.unfinished_ids():
             engine.abort(i)
-        engine.close()
 
 
 def arithmetic_questions() -> list[tuple[str, str]]:
