@@ -125,8 +125,8 @@ class AsyncLLM:
 
     @property
     def error(self) -> str | None:
-        """Why this AsyncLLM can serve no more requests (its engine core is gone), or None."""
-        return None
+        """Why this AsyncLLM can serve no more requests (its engine has stopped), or None."""
+        return self.engine.dead
 
     def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
                request_id: str | None = None) -> asyncio.Future:

@@ -155,6 +155,8 @@ def _add_serve(commands) -> None:
                         help="int4: inputs sharing a scale (default 64)")
     engine.add_argument("--kv-cache-dtype", choices=("auto", "int8", "fp8"), default="auto",
                         help="the paged KV cache as int8 (a scale per token and head) or fp8 codes (chapter 12)")
+    engine.add_argument("--tensor-parallel-size", type=int, default=1,
+                        help="ranks sharing each layer, as worker processes on this machine (chapter 13)")
     engine.add_argument("--compile", action="store_true", help="compiled decode steps (CPU or GPU)")
     engine.add_argument("--cuda-graphs", action="store_true", help="CUDA Graphs for decode steps (GPU)")
     engine.add_argument("--device", default=None, type=_device)
@@ -182,7 +184,7 @@ def engine_config(args):
                         jump_forward=args.jump_forward, compile=args.compile, cuda_graphs=args.cuda_graphs,
                         device=None if args.device is None else str(args.device), dtype=args.dtype,
                         quantization=args.quantization, quantization_group_size=args.quantization_group_size,
-                        kv_cache_dtype=args.kv_cache_dtype,
+                        kv_cache_dtype=args.kv_cache_dtype, tensor_parallel_size=args.tensor_parallel_size,
                         trace_max_steps=args.trace_steps)
 
 

@@ -15,7 +15,8 @@ BATCHING = ("static", "continuous")
 KV_LAYOUTS = ("contiguous", "paged")
 INTEGER_RANGES = {"max_num_seqs": (1, 4096), "max_model_len": (2, None), "max_tokens_per_step": (1, None),
                   "max_tokens_per_prefill_chunk": (1, None), "block_size": (1, 1024), "kv_cache_bytes": (1, None),
-                  "trace_max_steps": (1, None), "trace_max_bytes": (1, None)}
+                  "trace_max_steps": (1, None), "trace_max_bytes": (1, None),
+                  "tensor_parallel_size": (1, 64)}
 OPTIONAL = {"max_model_len", "kv_cache_bytes", "trace_max_steps", "trace_max_bytes"}  # None is allowed
 
 
@@ -94,6 +95,7 @@ class EngineConfig:
     #                                  the target's layers: a draft model stays in the model's dtype
     quantization_group_size: int = 64  # int4: inputs sharing a scale (32, 64 or 128)
     kv_cache_dtype: str = "auto"  # paged K/V as "int8" (a scale per token and head) | "fp8" (e4m3) | "auto"
+    tensor_parallel_size: int = 1  # ranks sharing each layer: worker processes on this machine (chapter 13)
 
     def __post_init__(self) -> None:
         if self.batching not in BATCHING:
@@ -153,6 +155,10 @@ class EngineConfig:
             if self.use_cpu_kernel:
                 raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} runs on the torch reference or the Triton "
                                  "kernels: use_cpu_kernel=True (the C decode kernel) reads the model's dtype")
+
+        if self.tensor_parallel_size > 1 and (self.compile or self.cuda_graphs):
+            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} runs eager steps: "
+                             f"{'compile' if self.compile else 'cuda_graphs'}=True is not supported with it yet")
 
     def _check_recording(self) -> None:
         """compile / cuda_graphs (chapter 8): one of them, on the paged cache, with valid buckets."""

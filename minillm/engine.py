@@ -35,6 +35,7 @@ import torch
 from tqdm.auto import tqdm
 
 from minillm.attention import ContiguousKVCache
+from minillm.attention.cache_spec import CacheSpec
 from minillm.attention.paged import PagedKVCache, kv_bytes_per_token
 from minillm.config import EngineConfig
 from minillm.detokenizer import IncrementalDetokenizer
@@ -59,6 +60,10 @@ from minillm.structured.manager import StructuredOutputManager
 from minillm.trace import SlotState, StepRecord, Trace
 
 logger = logging.getLogger("minillm")
+
+
+class EngineStopped(RuntimeError):
+    """The engine can serve nothing more (a tensor-parallel worker was lost): the reason is in the text."""
 
 
 @dataclass
@@ -145,7 +150,23 @@ class LLMEngine:
         self.config = config = config or EngineConfig()
         if not isinstance(config, EngineConfig):
             raise ValueError(f"config must be an EngineConfig, got {type(config).__name__}")
-        model = _quantized(model, config)  # chapter 12: weight-only int8/int4, when asked
+        self.workers = None  # tensor parallelism (chapter 13): the other ranks, and this process is rank 0
+        self.dead: str | None = None  # why the engine has stopped (a tensor-parallel worker was lost)
+        if config.tensor_parallel_size > 1:
+            from minillm.distributed.executor import TensorParallelWorkers
+
+            self.workers = TensorParallelWorkers(model, config.tensor_parallel_size, config.quantization,
+                                                 config.quantization_group_size)
+            model = self.workers.model  # rank 0's shard
+        try:
+            self._build(model, tokenizer, config)
+        except BaseException:
+            if self.workers is not None:
+                self.workers.close()
+            raise
+
+    def _build(self, model: CausalLM, tokenizer, config: EngineConfig) -> None:
+        model = _quantized(model, config)  # chapter 12: weight-only int8/int4, when asked (each rank its shard)
         self.model, self.tokenizer = model, tokenizer
         context = model.config.max_position_embeddings
         if config.max_model_len is not None and config.max_model_len > context:
@@ -161,7 +182,7 @@ class LLMEngine:
         chunk = config.max_tokens_per_prefill_chunk if config.chunked_prefill else None
         self.scheduler = scheduler_cls(config.max_num_seqs, self.max_model_len, config.max_tokens_per_step, self.pool,
                                        chunk)
-        self.runner = ModelRunner(model, self.cache, self._make_recorded_decode())
+        self.runner = ModelRunner(model, self.cache, self._make_recorded_decode(), self.workers)
         self.structured = StructuredOutputManager(tokenizer, model.config.vocab_size, model.config.eos_token_ids)
         self.speculation_counts = {"passes": 0, "drafted": 0, "examined": 0, "accepted": 0, "emitted": 0}
         self.jump_forward_tokens = 0  # structured outputs' forced tokens appended unsampled (chapter 11)
@@ -186,15 +207,16 @@ class LLMEngine:
         config, model = self.config, self.model
         models = [model] if self.draft is None else [model, self.draft]
         kv_dtype = config.kv_cache_dtype  # "int8" / "fp8": codes in the paged cache (chapter 12)
-        per_token = sum(kv_bytes_per_token(m.config.num_layers, m.config.num_kv_heads, m.config.head_dim, m.dtype,
-                                           kv_dtype) for m in models)
+        # per rank under tensor parallelism: a rank holds its KV heads only (the draft model is rank 0's alone)
+        per_token = sum(kv_bytes_per_token(m.config.num_layers, m.shard_config.num_kv_heads, m.config.head_dim,
+                                           m.dtype, kv_dtype) for m in models)
         whose = " (the target's and the draft model's cache)" if self.draft is not None else ""
         if config.kv == "contiguous":
             self._check_memory(config.max_num_seqs * self.max_model_len * per_token,
                                f"max_num_seqs={config.max_num_seqs} x max_model_len={self.max_model_len} tokens x "
                                f"{format_bytes(per_token)} per token{whose}")
-            caches = tuple(ContiguousKVCache.for_model(m.config, config.max_num_seqs, self.max_model_len, m.dtype,
-                                                       m.device) for m in models)
+            spec = CacheSpec("contiguous", num_slots=config.max_num_seqs, max_len=self.max_model_len)
+            caches = self._build_caches(spec, models)
             logger.info(caches[0].describe())
             return caches + (None,) * (2 - len(caches)), None
         budget = config.kv_cache_bytes
@@ -223,14 +245,21 @@ class LLMEngine:
             use_cpu_kernel = reason is None
             if reason is not None and model.dtype == torch.float32:
                 logger.info("the C paged-attention kernel is not used: %s", reason)
-        caches = tuple(PagedKVCache.for_model(m.config, num_blocks, config.block_size, m.dtype, m.device,
-                                              bool(use_triton), pad_block=config.compile or config.cuda_graphs,
-                                              use_cpu_kernel=bool(use_cpu_kernel), kv_cache_dtype=kv_dtype)
-                       for m in models)
+        spec = CacheSpec("paged", num_blocks=num_blocks, block_size=config.block_size, use_triton=bool(use_triton),
+                         use_cpu_kernel=bool(use_cpu_kernel), kv_cache_dtype=kv_dtype,
+                         pad_block=config.compile or config.cuda_graphs)
+        caches = self._build_caches(spec, models)
         logger.info("%s (%s)%s", caches[0].describe(), "Triton kernels" if use_triton else
                     "C decode kernel" if use_cpu_kernel else "torch reference", whose and ", the draft's beside it")
         return caches + (None,) * (2 - len(caches)), BlockPool(num_blocks, config.block_size,
                                                                prefix_cache=config.prefix_cache)
+
+    def _build_caches(self, spec: CacheSpec, models: list[CausalLM]) -> tuple[ContiguousKVCache | PagedKVCache, ...]:
+        """The caches `spec` describes, one per model (the target's shard on every rank, under tensor parallelism)."""
+        caches = tuple(spec.build(m.shard_config, m.dtype, m.device) for m in models)
+        if self.workers is not None:
+            self.workers.build_caches(spec)
+        return caches
 
     def _load_draft(self) -> CausalLM | None:
         """Speculative decoding's draft model (chapter 7), loaded on the target's device and dtype,
@@ -285,6 +314,8 @@ class LLMEngine:
                     request_id: str | None = None, arrival_time: float | None = None) -> Request:
         """Check and queue a request. Anything that could fail it later inside a step is refused
         here: a ValueError naming the problem, and nothing is queued."""
+        if self.dead is not None:
+            raise EngineStopped(f"the engine has stopped: {self.dead}")
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
@@ -448,6 +479,8 @@ class LLMEngine:
         return updates
 
     def _step(self) -> list[StepUpdate]:
+        if self.dead is not None:
+            raise EngineStopped(f"the engine has stopped: {self.dead}")
         start = time.perf_counter()
         if not self._ready_grammars():
             return []
@@ -515,9 +548,20 @@ class LLMEngine:
         return False
 
     def close(self) -> None:
-        """Let go of what outlives a step: the grammar compiler's threads and process (also let go of when the
-        engine is garbage-collected)."""
+        """Let go of what outlives a step: the grammar compiler's threads and process, the tensor-parallel workers
+        (also let go of when the engine is garbage-collected)."""
         self.structured.close()
+        if self.workers is not None:
+            self.workers.close()
+
+    def _stop(self, reason: str) -> RuntimeError:
+        """The engine cannot step any more (a tensor-parallel worker is gone): its unfinished requests end with
+        `reason` (its driver fails them: `LLM.generate`, `AsyncLLM`), the other workers are stopped, and later
+        requests are refused. Returns the error to raise."""
+        self.dead = reason
+        if self.workers is not None:
+            self.workers.close()
+        return EngineStopped(f"the engine has stopped: {reason}")
 
     def waiting_for_grammars(self) -> list:
         """The compilations (futures) the engine waits for when nothing else can run: an asynchronous driver
@@ -607,6 +651,11 @@ class LLMEngine:
         """Run the step. If the forward pass raises, run each request alone to find whose fault it
         is: no token was sampled and no generator advanced yet, and K/V written for positions not
         yet counted as computed are simply written again."""
+        if self.workers is not None:  # a failed pass may have left ranks inside a collective: no retry is safe
+            try:
+                return self.runner.execute(output, proposals)
+            except Exception as err:
+                raise self._stop(self.workers.failure(err)) from err
         try:
             return self.runner.execute(output, proposals)
         except Exception as err:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -38,6 +39,27 @@ from minillm.scheduler.output import ScheduledChunk, SchedulerOutput
 from minillm.speculative.acceptance import accept_greedy, accept_sampled
 from minillm.speculative.proposers import Proposal
 from minillm.structured.step_masks import StepMasks
+
+if TYPE_CHECKING:
+    from minillm.distributed.executor import TensorParallelWorkers
+
+
+def forward_logits(model: CausalLM, cache: ContiguousKVCache | PagedKVCache, chunks: tuple[ScheduledChunk, ...],
+                   rows: list[int]) -> torch.Tensor | None:
+    """One forward pass over `chunks` and the LM head on the hidden `rows`: (len(rows), vocab) logits (None on a
+    tensor-parallel worker, whose share went to rank 0)."""
+    input_ids = torch.tensor([t for c in chunks for t in c.token_ids], device=model.device)  # (num_tokens,)
+    backend = batch_for(cache, chunks)
+    hidden = model(input_ids, backend.positions, backend)  # (num_tokens, hidden)
+    return model.logits(hidden[rows])
+
+
+def _logit_rows(chunks: tuple[ScheduledChunk, ...], prompt_rows: list[_PromptRow]) -> list[int]:
+    """The hidden rows whose logits a step needs: the prompt rows asked for, then each sampling chunk's last
+    row (and the rows of its guesses)."""
+    ends = list(itertools.accumulate(c.num_tokens for c in chunks))
+    return [r.hidden_row for r in prompt_rows] + [r for c, end in zip(chunks, ends) if c.samples
+                                                  for r in range(end - 1 - c.num_drafts, end)]
 
 
 @dataclass
@@ -63,9 +85,10 @@ class _PromptRow:
 
 class ModelRunner:
     def __init__(self, model: CausalLM, cache: ContiguousKVCache | PagedKVCache,
-                 recorded: RecordedDecode | None = None):
+                 recorded: RecordedDecode | None = None, workers: TensorParallelWorkers | None = None):
         self.model, self.cache = model, cache
         self.recorded = recorded  # pure-decode steps through a CUDA Graph or a compiled step (chapter 8)
+        self.workers = workers  # tensor parallelism (chapter 13): the other ranks, told each step before it runs
         self.sampling: dict[str, tuple[SamplingParams, torch.Generator | None]] = {}
         self.requests: dict[str, Request] = {}  # what the processors read: prompt and output tokens
         self.prompt_tokens: dict[str, torch.Tensor] = {}  # a repetition penalty's prompt ids, distinct, made once
@@ -87,14 +110,16 @@ class ModelRunner:
                     self.requests[request.request_id] = request
                     if request.params.repetition_penalty != 1.0:  # read every step: one tensor, not a list
                         self.prompt_tokens[request.request_id] = torch.tensor(sorted(set(request.prompt_token_ids)))
+        chunks = output.chunks
+        prompt_rows = self._prompt_rows(chunks)
+        if self.workers is not None and (chunks or output.has_copies):  # the same step on every rank
+            self.workers.run_step(output.block_copies, output.slot_copies, chunks, _logit_rows(chunks, prompt_rows))
         if output.block_copies:
             self.cache.copy_blocks(list(output.block_copies))
         if output.slot_copies:
             self.cache.copy_slots(list(output.slot_copies))
         if output.is_empty:
             return StepResult()
-        chunks = output.chunks
-        prompt_rows = self._prompt_rows(chunks)
         recorded = None
         if not prompt_rows and self.recorded is not None and self.recorded.accepts(chunks):
             recorded = self.recorded.run(chunks)
@@ -104,6 +129,8 @@ class ModelRunner:
             prompt_logits = None
         else:
             (logits, prompt_logits), bucket = self._eager_logits(chunks, prompt_rows), None
+        if self.workers is not None:
+            self.workers.step_finished()  # rank 0's forward pass ends here; sampling is its own
         result = StepResult(bucket=bucket)
         if prompt_rows:
             tokens, tops = [r.token_id for r in prompt_rows], [r.num_top for r in prompt_rows]
@@ -134,12 +161,7 @@ class ModelRunner:
         """The forward pass of any step (prefill, decode, chunks, guesses): logits of the rows that
         sample, (num_rows, vocab) — each sampling chunk's last real token, and its guesses — and of
         the prompt rows asked for, (len(prompt_rows), vocab)."""
-        input_ids = torch.tensor([t for c in chunks for t in c.token_ids], device=self.model.device)  # (num_tokens,)
-        backend = batch_for(self.cache, chunks)
-        hidden = self.model(input_ids, backend.positions, backend)  # (num_tokens, hidden)
-        ends = list(itertools.accumulate(c.num_tokens for c in chunks))
-        rows = [r for c, end in zip(chunks, ends) if c.samples for r in range(end - 1 - c.num_drafts, end)]
-        logits = self.model.logits(hidden[[r.hidden_row for r in prompt_rows] + rows])
+        logits = forward_logits(self.model, self.cache, chunks, _logit_rows(chunks, prompt_rows))
         return logits[len(prompt_rows) :], logits[: len(prompt_rows)] if prompt_rows else None
 
     def _sample(self, chunks: list[ScheduledChunk], logits: torch.Tensor, proposals: Mapping[str, Proposal] | None,

@@ -91,6 +91,23 @@ class PagedKVCache:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v + (self.k_scale or []) + (self.v_scale or []))
 
+    def read_blocks(self, blocks: Sequence[int]) -> torch.Tensor:
+        """A copy of the K/V in `blocks`, every layer: (2, num_layers, len(blocks), block_size, num_kv_heads,
+        head_dim) — what a prefill worker sends to a decode worker (chapter 13)."""
+        if self.k_scale is not None or self.kv_cache_dtype != "auto":
+            raise ValueError(f"moving K/V between engines reads the model's dtype, not {self.kv_cache_dtype} codes")
+        index = torch.tensor(list(blocks), device=self.k[0].device)
+        return torch.stack([torch.stack([layer.index_select(0, index) for layer in side]) for side in (self.k, self.v)])
+
+    def write_blocks(self, blocks: Sequence[int], kv: torch.Tensor) -> None:
+        """Store `read_blocks`' tensor (or the rows of it given) into `blocks` of this cache."""
+        if self.kv_cache_dtype != "auto":
+            raise ValueError(f"moving K/V between engines writes the model's dtype, not {self.kv_cache_dtype} codes")
+        index = torch.tensor(list(blocks), device=self.k[0].device)
+        for side, layers in enumerate((self.k, self.v)):
+            for layer, storage in enumerate(layers):
+                storage.index_copy_(0, index, kv[side, layer].to(storage.device, storage.dtype))
+
     def scales(self, layer: int) -> dict[str, torch.Tensor]:
         """The keyword arguments the ops take for `layer`'s scales (none for an unscaled cache)."""
         if self.k_scale is None:

@@ -251,6 +251,38 @@ class BlockPool:
                 self._log("cache", table[i], parent.block_id if parent else -1, entry.token_ids)
             chain.append(entry)  # the entry standing for this prefix, even when another block holds it
 
+    def adopt(self, token_ids: Sequence[int]) -> tuple[list[tuple[int, int]], list[int]]:
+        """Room for K/V computed elsewhere (disaggregated prefill, chapter 13): the full blocks of `token_ids`
+        become cached here, as if a request had computed them, so the request that follows finds them as a
+        prefix-cache hit. Returns (writes, held): (block index in `token_ids`, block id) for each block whose
+        K/V must now be written — blocks cached already are not taken again — and every block of the chain,
+        held (nothing evicts them) until `release(held)`. Takes no more than the free blocks: a shorter chain
+        only means the request computes more itself."""
+        if self.cache is None:
+            raise ValueError("adopting K/V computed elsewhere needs the prefix cache (prefix_cache=True)")
+        size, found = self.block_size, self.cache.lookup(token_ids)
+        held = [e.block_id for e in found]
+        self.share(held)  # our own chain must not be evicted to make room for its next block
+        writes: list[tuple[int, int]] = []
+        parent = found[-1] if found else None
+        for index in range(len(found), len(token_ids) // size):
+            if self.num_free_blocks == 0:
+                break
+            block = self.take(1)[0]
+            entry = self.cache.insert(block, parent, token_ids[index * size : (index + 1) * size])
+            if entry is None or entry.block_id != block:  # a key collision: cache no further
+                self.decref([block])
+                break
+            self._log("cache", block, parent.block_id if parent else -1, entry.token_ids)
+            writes.append((index, block))
+            held.append(block)
+            parent = entry
+        return writes, held
+
+    def release(self, held: Sequence[int]) -> None:
+        """Let go of `adopt`'s blocks, the chain's tail first: cached, they wait as evictable hits."""
+        self.decref(reversed(held))
+
     def append(self, request_id: str, num_tokens: int) -> list[int]:
         """Grow a request's table until it holds `num_tokens` tokens; returns the new blocks."""
         table = self._table(request_id)

@@ -6,6 +6,8 @@ the backend's business, passed in on every call. The model never reads a global 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
@@ -16,9 +18,15 @@ from minillm.model.layers import RMSNorm
 from minillm.model.linear import Linear
 from minillm.model.rope import Rotation
 
+if TYPE_CHECKING:
+    from minillm.distributed.communicator import Communicator
+
 
 class SelfAttention(nn.Module):
-    def __init__(self, config: ModelConfig, layer_index: int):
+    """`config` gives this rank's heads: under tensor parallelism (chapter 13) the layer holds its rank's
+    query and KV heads, and `communicator` sums the ranks' partial o_proj outputs."""
+
+    def __init__(self, config: ModelConfig, layer_index: int, communicator: Communicator | None = None):
         super().__init__()
         self.layer_index = layer_index
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
@@ -26,7 +34,10 @@ class SelfAttention(nn.Module):
         self.scale = config.head_dim**-0.5
         # q, k and v in one matmul: rows [0, q_size) are q, then k, then v.
         self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
-        self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.o_bias)
+        # row-parallel under tensor parallelism: each rank's output is a partial sum; its bias is added once
+        self.o_proj = Linear(self.q_size, config.hidden_size,
+                             bias=config.o_bias and (communicator is None or communicator.rank == 0))
+        self.communicator = communicator
         if config.qk_norm:
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
@@ -50,4 +61,7 @@ class SelfAttention(nn.Module):
         if not rotated:
             q, k = rotation.apply(q, k)
         out = backend.attend(self.layer_index, q, k, v, self.scale)  # (num_tokens, num_heads, head_dim)
-        return self.o_proj(out.reshape(n, self.q_size))
+        out = self.o_proj(out.reshape(n, self.q_size))  # (num_tokens, hidden)
+        if self.communicator is not None:  # the sum over the ranks' heads
+            self.communicator.all_reduce_(out)
+        return out

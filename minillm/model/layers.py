@@ -5,12 +5,17 @@ code below is what they compute, and what runs everywhere else."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from minillm.model import fused_cpu
 from minillm.model.linear import Linear
+
+if TYPE_CHECKING:
+    from minillm.distributed.communicator import Communicator
 
 
 class RMSNorm(nn.Module):
@@ -36,17 +41,25 @@ class RMSNorm(nn.Module):
 
 
 class GatedMLP(nn.Module):
-    """down(silu(gate(x)) * up(x)); gate and up are one fused matmul (`gate_up_proj`)."""
+    """down(silu(gate(x)) * up(x)); gate and up are one fused matmul (`gate_up_proj`). Under tensor
+    parallelism (chapter 13) `intermediate_size` is this rank's rows, and `communicator` sums the ranks'
+    partial down_proj outputs."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool):
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool, communicator: Communicator | None = None):
         super().__init__()
         self.intermediate_size = intermediate_size
         self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, bias=bias)
-        self.down_proj = Linear(intermediate_size, hidden_size, bias=bias)
+        self.down_proj = Linear(intermediate_size, hidden_size,
+                                bias=bias and (communicator is None or communicator.rank == 0))  # added once
+        self.communicator = communicator
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)  # (num_tokens, 2 * inter)
         if fused_cpu.usable(gate_up):
-            return self.down_proj(fused_cpu.silu_mul(gate_up))
-        gate, up = gate_up.split(self.intermediate_size, dim=-1)  # 2 × (num_tokens, inter)
-        return self.down_proj(F.silu(gate) * up)
+            out = self.down_proj(fused_cpu.silu_mul(gate_up))
+        else:
+            gate, up = gate_up.split(self.intermediate_size, dim=-1)  # 2 × (num_tokens, inter)
+            out = self.down_proj(F.silu(gate) * up)  # (num_tokens, hidden)
+        if self.communicator is not None:  # the sum over the ranks' rows
+            self.communicator.all_reduce_(out)
+        return out
