@@ -157,6 +157,9 @@ def _add_serve(commands) -> None:
                         help="the paged KV cache as int8 (a scale per token and head) or fp8 codes (chapter 12)")
     engine.add_argument("--tensor-parallel-size", type=int, default=1,
                         help="ranks sharing each layer, as worker processes on this machine (chapter 13)")
+    engine.add_argument("--disaggregate", action="store_true",
+                        help="prefill and decode in two engine core processes, the prompts' K/V sent from one to the "
+                             "other (chapter 13; needs --kv paged --prefix-cache)")
     engine.add_argument("--compile", action="store_true", help="compiled decode steps (CPU or GPU)")
     engine.add_argument("--cuda-graphs", action="store_true", help="CUDA Graphs for decode steps (GPU)")
     engine.add_argument("--device", default=None, type=_device)
@@ -205,7 +208,11 @@ def serve(args) -> int:
         return USAGE_ERROR
     with sock:
         try:
-            if args.engine_core == "process":
+            if args.disaggregate:  # a prefill core and a decode core, the server routing between them
+                from minillm.disagg.router import DisaggregatedLLM
+
+                llm = DisaggregatedLLM(args.model, engine_config(args), threads=(args.core_threads, args.core_threads))
+            elif args.engine_core == "process":
                 from minillm.engine_core import ProcessAsyncLLM
 
                 llm = ProcessAsyncLLM(args.model, engine_config(args), threads=args.core_threads)

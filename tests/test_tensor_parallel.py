@@ -24,6 +24,7 @@ from minillm.config import EngineConfig, SpeculativeConfig
 from minillm.distributed.executor import TensorParallelWorkers
 from minillm.distributed.sharding import TensorShard, check_shardable
 from minillm.engine import LLM, EngineStopped, LLMEngine
+from minillm.engine_core import ProcessAsyncLLM
 from minillm.generate import generate_with_cache
 from minillm.model import load_model
 from minillm.sampling import SamplingParams
@@ -249,6 +250,24 @@ def test_async_requests_in_flight_end_with_the_error_and_new_ones_are_refused(ch
             await llm.submit([1, 2], GREEDY)
 
     asyncio.run(scenario())
+
+
+def test_a_worker_of_an_engine_core_process_lost_ends_the_servers_requests_with_its_reason():
+    """`serve --tensor-parallel-size 2`'s default shape: the engine core in its own process is rank 0."""
+    llm = ProcessAsyncLLM(config=EngineConfig(tensor_parallel_size=2, kv="paged"), threads=1)
+    try:
+        async def go():
+            future = llm.submit("ROMEO:", SamplingParams(temperature=0, max_new_tokens=500, ignore_eos=True))
+            await asyncio.sleep(1.0)
+            (worker,) = psutil.Process(llm.core_pid).children()
+            worker.kill()
+            out = await asyncio.wait_for(future, timeout=20)
+            assert out.finish_reason == "error" and "worker 1" in out.error and "SIGKILL" in out.error
+            assert "worker 1" in llm.error  # the server's /health answers 503 with it
+
+        asyncio.run(go())
+    finally:
+        llm.close()
 
 
 def test_workers_end_when_the_engine_process_is_killed(checkpoints, tmp_path):

@@ -19,28 +19,22 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import multiprocessing
 import os
-import queue
-import subprocess
-import sys
-import threading
 import time
-import weakref
 
 from minillm.async_engine import AsyncLLM, _Submission, running_loop
 from minillm.config import EngineConfig
+from minillm.disagg.kv_connector import KVTransfer
 from minillm.engine_core.messages import (
     AbortRequest,
     AddRequest,
     CoreFailed,
-    CoreReady,
     CoreStep,
-    Shutdown,
     StartCore,
     StopSample,
 )
 from minillm.engine_core.output_processor import RequestState
+from minillm.engine_core.process import CoreProcess
 from minillm.model.loader import load_tokenizer
 from minillm.prompts import encode_prompt
 from minillm.sampling import SamplingParams
@@ -48,7 +42,6 @@ from minillm.timeline import Timeline, span
 
 logger = logging.getLogger("minillm")
 
-START_POLL_S = 0.1  # how often the front end checks on a core that is still loading
 
 
 class ProcessAsyncLLM(AsyncLLM):
@@ -56,29 +49,17 @@ class ProcessAsyncLLM(AsyncLLM):
     record both sides' spans, the core's shipped back with its steps — chapter 10; off by default)."""
 
     def __init__(self, model: str | None = None, config: EngineConfig | None = None, threads: int | None = None,
-                 timeline: Timeline | None = None):
+                 timeline: Timeline | None = None, kv_transfer: KVTransfer | None = None):
+        """`kv_transfer`: the core is the decode end of a disaggregated pair (chapter 13: minillm/disagg/)."""
         config = config if config is not None else EngineConfig()
         if not isinstance(config, EngineConfig):
             raise ValueError(f"config must be an EngineConfig, got {type(config).__name__}")
-        # A fresh interpreter (`python -m minillm.engine_core.core`), not multiprocessing's spawn: nothing of
-        # this process is imported again there, so a script needs no `if __name__ == "__main__"` guard.
-        inbox, to_core = multiprocessing.Pipe(duplex=False)
-        from_core, outbox = multiprocessing.Pipe(duplex=False)
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", "minillm.engine_core.core", str(inbox.fileno()), str(outbox.fileno())],
-            pass_fds=(inbox.fileno(), outbox.fileno()))
-        inbox.close()  # the core's ends: once it exits, reading from it ends (EOF) instead of waiting forever
-        outbox.close()
-        to_core.send(StartCore(model, config, os.getpid(), threads, timeline is not None))
+        self._core = CoreProcess(StartCore(model, config, os.getpid(), threads, timeline is not None, kv_transfer))
+        self._process, self._from_core, self._finalizer = self._core.process, self._core.from_core, self._core.stop
         self.timeline = timeline
-        self._to_core, self._from_core = to_core, from_core
-        self._outgoing: queue.SimpleQueue = queue.SimpleQueue()
-        self._finalizer = weakref.finalize(self, _stop_core, self._process, self._outgoing)
-        threading.Thread(target=_send_forever, args=(to_core, self._outgoing), name="minillm-to-core",
-                         daemon=True).start()
         try:
             tokenizer = load_tokenizer(model)  # while the core loads the model
-            ready = self._wait_until_ready()
+            ready = self._core.wait_until_ready()
         except BaseException:
             self._finalizer()
             raise
@@ -89,20 +70,6 @@ class ProcessAsyncLLM(AsyncLLM):
         self._reader_loop: asyncio.AbstractEventLoop | None = None
         self._gauges: dict[str, float] = {}
         self._error: str | None = None
-
-    def _wait_until_ready(self) -> CoreReady:
-        while not self._from_core.poll(START_POLL_S):
-            if self._process.poll() is not None:
-                raise RuntimeError(f"the engine core process exited while starting (exit code "
-                                   f"{self._process.returncode})")
-        try:
-            message = self._from_core.recv()
-        except EOFError:
-            raise RuntimeError(f"the engine core process exited while starting (exit code "
-                               f"{_exit_code(self._process)})") from None
-        if isinstance(message, CoreFailed):
-            raise message.error
-        return message
 
     # ------------------------------------------------------------------ what the caller sees
     @property
@@ -215,7 +182,7 @@ class ProcessAsyncLLM(AsyncLLM):
     # ------------------------------------------------------------------ the core's side
     def _send(self, message) -> None:
         if self._error is None:
-            self._outgoing.put(message)
+            self._core.send(message)
 
     def _on_core_output(self) -> None:
         """The pipe from the core is readable: apply every step waiting (on the event loop)."""
@@ -224,11 +191,14 @@ class ProcessAsyncLLM(AsyncLLM):
                 with span(self.timeline, "detokenize"):  # the core's output: text, stop strings, the callers' events
                     self._apply(self._from_core.recv())
         except (EOFError, OSError):
-            self._core_gone(f"the engine core process ended (exit code {_exit_code(self._process)})")
+            self._core_gone(f"the engine core process ended (exit code {self._core.exit_code()})")
         except Exception:  # a defect of ours: said, and the loop goes on
             logger.exception("the front end could not apply the engine core's output")
 
-    def _apply(self, step: CoreStep) -> None:
+    def _apply(self, step: CoreStep | CoreFailed) -> None:
+        if isinstance(step, CoreFailed):  # the core has stopped, and says why
+            self._core_gone(str(step.error))
+            return
         if step.spans and self.timeline is not None:
             self.timeline.extend(step.spans)
         if step.gauges:
@@ -292,31 +262,3 @@ class ProcessAsyncLLM(AsyncLLM):
                 sub.future.set_exception(RuntimeError(f"the engine is not running: {why}"))
             self._end_stream(sub.stream)
         self._pending, self._aborts = [], []
-
-
-def _send_forever(connection, outgoing: queue.SimpleQueue) -> None:
-    """The sending thread: the event loop never waits on a full pipe (the core may be busy sending too)."""
-    while (message := outgoing.get()) is not None:
-        try:
-            connection.send(message)
-        except (OSError, ValueError):  # the core is gone: the reader sees it end
-            return
-
-
-def _exit_code(process: subprocess.Popen) -> int | None:
-    """The process's exit code, waiting a moment for it (its pipe closes just before it is reaped)."""
-    try:
-        return process.wait(1)
-    except subprocess.TimeoutExpired:
-        return None
-
-
-def _stop_core(process: subprocess.Popen, outgoing: queue.SimpleQueue) -> None:
-    """Ask the core to end, then make sure it did."""
-    outgoing.put(Shutdown())
-    outgoing.put(None)
-    try:
-        process.wait(5)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(5)

@@ -24,13 +24,15 @@ from multiprocessing.connection import Connection
 
 import torch
 
-from minillm.engine import LLMEngine
+from minillm.disagg.kv_connector import KVConnector
+from minillm.engine import EngineStopped, LLMEngine
 from minillm.engine_core.messages import (
     AbortRequest,
     AddRequest,
     CoreFailed,
     CoreReady,
     CoreStep,
+    DiscardKV,
     Refused,
     RequestDone,
     SampleTokens,
@@ -64,20 +66,31 @@ def main(inbox_fd: int, outbox_fd: int) -> None:
         except Exception:  # an exception that does not pickle: its words then
             outbox.send(CoreFailed(RuntimeError(f"{type(err).__name__}: {err}")))
         return
+    try:  # a disaggregated pair (chapter 13): meet the other core
+        connector = KVConnector(start.kv_transfer, engine) if start.kv_transfer is not None else None
+    except Exception as err:
+        engine.close()
+        outbox.send(CoreFailed(RuntimeError(f"{type(err).__name__}: {err}")))
+        return
     timeline = Timeline("core") if start.timeline else None
     if timeline is not None:
         instrument(engine, timeline)
     outbox.send(CoreReady(engine.max_model_len, net.config))
     with contextlib.suppress(EOFError, OSError):  # the front end went away while we sent
-        EngineCore(engine, inbox, outbox, start.parent_pid, timeline).run()
+        try:
+            EngineCore(engine, inbox, outbox, start.parent_pid, timeline, connector).run()
+        except EngineStopped as err:  # a tensor-parallel worker was lost: the front end hears why
+            outbox.send(CoreFailed(err))
     engine.close()
 
 
 class EngineCore:
     def __init__(self, engine: LLMEngine, inbox: Connection, outbox: Connection, parent_pid: int,
-                 timeline: Timeline | None = None):
+                 timeline: Timeline | None = None, connector: KVConnector | None = None):
         self.engine, self.inbox, self.outbox, self.parent_pid = engine, inbox, outbox, parent_pid
         self.timeline = timeline  # when recording: its spans go to the front end with each step
+        self.connector = connector  # a disaggregated pair's prefill or decode core (chapter 13)
+        self.exporting: set[str] = set()  # a prefill core: requests whose K/V go to the decode core when done
         self.live: set[str] = set()  # requests added and not yet reported done
         self.news = CoreStep(0.0)  # what the messages themselves produced (refusals), sent with the next step
         self.changed = False  # a message changed the engine's state since the last CoreStep was sent
@@ -119,12 +132,19 @@ class EngineCore:
         engine = self.engine
         self.changed = True
         if isinstance(message, AddRequest):
+            if message.kv is not None and self.connector is not None:  # its prompt's K/V, computed elsewhere
+                self.connector.receive(message.kv)
             try:
                 engine.add_request(message.prompt_token_ids, message.params, request_id=message.request_id,
                                    arrival_time=message.arrival_time)
                 self.live.add(message.request_id)
+                if message.export_kv and self.connector is not None:
+                    self.exporting.add(message.request_id)
             except Exception as err:  # refused at the door: this request's error alone
                 self.news.refused.append(Refused(message.request_id, str(err)))
+        elif isinstance(message, DiscardKV):
+            if self.connector is not None:
+                self.connector.discard(message.kv)
         elif isinstance(message, AbortRequest):  # the front end has already answered its caller
             if engine.abort(message.request_id) or message.request_id in self.live:
                 self._forget(message.request_id)
@@ -136,14 +156,18 @@ class EngineCore:
 
     def _forget(self, request_id: str) -> None:
         self.live.discard(request_id)
+        self.exporting.discard(request_id)
         if request_id in self.engine.requests:
             self.engine.release(request_id)
 
     def _step(self) -> CoreStep:
         engine = self.engine
+        began = time.perf_counter()
         updates = engine.step()
         step, self.news = self.news, CoreStep(0.0)
         step.time = time.perf_counter()
+        if self.connector is not None:
+            self.connector.spans.append((self.connector.role, began, step.time, f"{len(updates)} updates"))
         for update in updates:
             if not (update.token_ids or update.sample_finished):
                 continue
@@ -156,8 +180,15 @@ class EngineCore:
                 tuple(sample.prompt_logprobs) if first and sample.params.prompt_logprobs is not None else None))
         for request_id in [r for r in self.live if engine.is_done(r)]:
             request = engine.requests[request_id]
+            if request_id in self.exporting:  # its prefill is done: its K/V go to the decode core now
+                self.exporting.discard(request_id)
+                if request.finish_reason in ("stop", "length"):
+                    step.kv_sent.append(self.connector.send(request_id, request.prompt_token_ids))
             step.done.append(RequestDone(request_id, tuple(s.finish_reason for s in request.samples), request.error))
             self._forget(request_id)
+        if self.connector is not None:
+            self.connector.reap()
+            step.lane_spans = self.connector.drain_spans()
         step.gauges = engine.gauges()
         if self.timeline is not None:
             step.spans = self.timeline.drain()  # this step's (its own bookkeeping and sending: with the next)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from minillm.config import EngineConfig
+from minillm.disagg.kv_connector import KVHandle, KVTransfer
 from minillm.logprobs import TokenLogprob
 from minillm.model.config import ModelConfig
 from minillm.sampling import SamplingParams
@@ -24,6 +25,7 @@ class StartCore:
     parent_pid: int  # the front end: the core ends when it is no longer its parent
     threads: int | None = None  # the core's torch threads (None: torch's default)
     timeline: bool = False  # record the core's spans and send them with its steps (minillm/timeline.py)
+    kv_transfer: KVTransfer | None = None  # a disaggregated pair's prefill or decode core (chapter 13)
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,8 @@ class AddRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     arrival_time: float  # time.perf_counter(): one clock for both processes on one machine
+    export_kv: bool = False  # a prefill core: send the prompt's K/V to the decode core when it is done
+    kv: KVHandle | None = None  # a decode core: receive the prompt's K/V first (its prefill was done elsewhere)
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,13 @@ class StopSample:
 
 
 @dataclass(frozen=True)
+class DiscardKV:
+    """A decode core: take this transfer's bytes and drop them (its request was aborted meanwhile)."""
+
+    kv: KVHandle
+
+
+@dataclass(frozen=True)
 class Shutdown:
     pass
 
@@ -59,7 +70,8 @@ class CoreReady:
 
 @dataclass(frozen=True)
 class CoreFailed:
-    error: str  # why the core could not start (a refused config, a missing checkpoint)
+    error: Exception  # why the core could not start (a refused config, a missing checkpoint), or stopped (a
+    #                   tensor-parallel worker lost)
 
 
 @dataclass(frozen=True)
@@ -98,3 +110,6 @@ class CoreStep:
     refused: list[Refused] = field(default_factory=list)
     gauges: dict[str, float] = field(default_factory=dict)  # LLMEngine.gauges() after the step
     spans: list[Span] = field(default_factory=list)  # with a timeline only: the core's spans since its last step
+    kv_sent: list[KVHandle] = field(default_factory=list)  # a prefill core: the transfers posted this step
+    lane_spans: list[tuple[str, float, float, str]] = field(default_factory=list)  # a disaggregated core's steps
+    #                                                        and transfers, (kind, start, end, label), for a replay
