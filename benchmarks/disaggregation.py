@@ -97,12 +97,14 @@ def measure(system: str, args, requests) -> dict:
                "output_tok_per_s": sum(len(o.token_ids) for o in outputs) / wall,
                "outputs": [o.token_ids for o in outputs]}
         if isinstance(llm, DisaggregatedLLM):
-            received = [end - begin for lane, kind, begin, end, _ in llm.lane_spans if kind == "receive KV"]
-            sent = [h for h, _ in llm.transfers if h.tag is not None]
-            row |= {"kv_transfers": len(sent), "kv_bytes_per_long_prompt": statistics.median(h.nbytes for h in sent),
+            long = [(h, at) for h, at in llm.transfers if h.num_blocks >= args.prompt_len // 16 - 1]  # not decoders'
+            sizes = {f"{h.num_blocks} blocks," for h, _ in long}
+            received = [end - begin for lane, kind, begin, end, label in llm.lane_spans
+                        if kind == "receive KV" and label.split(" KiB")[0].rsplit(" ", 1)[0] in sizes]
+            row |= {"kv_transfers": len(long), "kv_bytes_per_long_prompt": statistics.median(h.nbytes for h, _ in long),
+                    "kv_blocks_per_long_prompt": statistics.median(h.num_blocks for h, _ in long),
                     "kv_receive_ms_p50": percentile(received, 50) * 1e3,
-                    "kv_handle_to_decode_ms_p50": statistics.median(
-                        (forwarded - h.sent_at) * 1e3 for h, forwarded in llm.transfers if h.tag is not None)}
+                    "kv_handle_to_decode_ms_p50": statistics.median((at - h.sent_at) * 1e3 for h, at in long)}
         return row
     finally:
         llm.close()

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU checks for the paged KV cache (chapter 4), the prefix cache (chapter 5), chunked prefill (chapter 6),
-# speculative decoding (chapter 7), CUDA Graphs (chapter 8), serving (chapter 9) and quantized weights (chapter 12,
+# speculative decoding (chapter 7), CUDA Graphs (chapter 8), serving (chapter 9), tensor parallelism over NCCL and
+# disaggregated prefill/decode (chapter 13, section 6: TP=2 when the machine has two GPUs) and quantized weights (chapter 12,
 # the Triton int8/int4 matmul and the paged kernels on int8/fp8 caches, compiled for CUDA: tests/test_quantization.py,
 # tests/test_quantized_kv.py), as one script for a machine
 # with an NVIDIA GPU.
@@ -82,3 +83,35 @@ for _ in $(seq 120); do curl -sf http://127.0.0.1:8765/health >/dev/null && brea
 $PY -m minillm bench --url http://127.0.0.1:8765/v1 --rate 16 64 256 --num-prompts 500 --max-tokens 64 --ignore-eos \
     --out benchmarks/results/serve_load_cuda
 kill $SERVER
+# 6. Tensor parallelism (chapter 13) with NCCL: TP=2 on two GPUs gives the TP=1 engine's greedy tokens (the shipped
+#    target, float32), with the decode step's time and rank 0's time in all-reduces; then the disaggregated pair (prefill and decode cores on GPU 0, K/V over NCCL) against one engine.
+if [ "$($PY -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
+  $PY - <<'PY'
+import statistics, minillm
+from minillm import EngineConfig, SamplingParams
+from minillm.engine import LLMEngine
+model, tokenizer = minillm.load_model(device="cuda"), minillm.load_tokenizer()
+text = tokenizer.encode((minillm.ASSETS_DIR / "heldout_sample.txt").read_text())
+prompts = [text[97 * i : 97 * i + 64] for i in range(8)]
+params = SamplingParams(temperature=0, max_new_tokens=64, ignore_eos=True)
+def run(size):
+    engine = LLMEngine(model, tokenizer, EngineConfig(tensor_parallel_size=size, kv="paged", max_num_seqs=8))
+    try:
+        ids = [engine.add_request(p, params).request_id for p in prompts]
+        while engine.has_unfinished():
+            engine.step()
+        steps = [s.duration for s in engine.trace.steps][2:]
+        comm = engine.workers.communicator.totals["all-reduce"].seconds if engine.workers else 0.0
+        return [engine.output(i).token_ids for i in ids], statistics.median(steps), comm / len(engine.trace.steps)
+    finally:
+        engine.close()
+one, step1, _ = run(1)
+two, step2, comm2 = run(2)
+print(f"NCCL TP=2: {sum(a == b for a, b in zip(one, two))}/{len(one)} outputs equal TP=1's; decode step "
+      f"{step1 * 1e3:.2f} -> {step2 * 1e3:.2f} ms, all-reduce (launch time, not synchronized) {comm2 * 1e3:.2f} ms")
+assert one == two, "TP=2 on NCCL changed the greedy tokens"
+PY
+else
+  echo "one GPU: tensor parallelism over NCCL needs two (the CPU tests ran TP=2 and 4 with gloo)"
+fi
+$PY benchmarks/disaggregation.py --out benchmarks/results/disaggregation_cuda --repeats 2 || true
