@@ -1699,3 +1699,166 @@ def fastest_scheme_flops_of_one_token(*args):
 @wrong("ch12.fastest_scheme", "the first scheme in the dict's order")
 def fastest_scheme_last_among_ties(*args):
     return _fastest_scheme(*args, ties="last")  # WRONG: among equal times, the last
+
+
+# ----------------------------------------------------------------------------- ch13.column_shard
+
+
+def _shard_piece(length, rank, size, check=True):
+    if check and length % size:
+        raise ValueError(f"{size} ranks cannot share {length} equally")
+    per = length // size
+    return slice(rank * per, (rank + 1) * per)
+
+
+@wrong("ch13.column_shard", "contiguous output rows")
+def column_shard_strided(weight, bias, rank, size):
+    _shard_piece(weight.shape[0], rank, size)
+    return weight[rank::size], None if bias is None else bias[rank::size]  # WRONG: every size-th row, interleaved
+
+
+@wrong("ch13.column_shard", "contiguous output rows")
+def column_shard_splits_the_inputs(weight, bias, rank, size):
+    columns = _shard_piece(weight.shape[1], rank, size)
+    return weight[:, columns], bias  # WRONG: the input columns, the row-parallel split
+
+
+@wrong("ch13.column_shard", "The bias is split like the rows")
+def column_shard_whole_bias_on_every_rank(weight, bias, rank, size):
+    return weight[_shard_piece(weight.shape[0], rank, size)], bias  # WRONG: the whole bias, not its rows' entries
+
+
+@wrong("ch13.column_shard", "contiguous output rows")
+def column_shard_next_piece(weight, bias, rank, size):
+    rows = _shard_piece(weight.shape[0], (rank + 1) % size, size)  # WRONG: off by one piece
+    return weight[rows], None if bias is None else bias[rows]
+
+
+@wrong("ch13.column_shard", "contiguous output rows")
+def column_shard_one_row_too_many(weight, bias, rank, size):
+    _shard_piece(weight.shape[0], rank, size)
+    per = weight.shape[0] // size
+    rows = slice(rank * per, (rank + 1) * per + 1)  # WRONG: the end taken as inclusive
+    return weight[rows], None if bias is None else bias[rows]
+
+
+@wrong("ch13.column_shard", "refused with ValueError")
+def column_shard_without_the_size_check(weight, bias, rank, size):
+    rows = _shard_piece(weight.shape[0], rank, size, check=False)  # WRONG: the last rows go to no rank
+    return weight[rows], None if bias is None else bias[rows]
+
+
+# ----------------------------------------------------------------------------- ch13.row_shard
+
+
+@wrong("ch13.row_shard", "The bias is added once")
+def row_shard_bias_on_every_rank(weight, bias, rank, size):
+    return weight[:, _shard_piece(weight.shape[1], rank, size)], bias  # WRONG: summed, it counts size times
+
+
+@wrong("ch13.row_shard", "The bias is added once")
+def row_shard_bias_split_like_a_column(weight, bias, rank, size):
+    columns = _shard_piece(weight.shape[1], rank, size)
+    # WRONG: the bias split as a column-parallel layer's is; its entries belong to outputs, which are not split
+    return weight[:, columns], None if bias is None else bias[_shard_piece(bias.shape[0], rank, size, check=False)]
+
+
+@wrong("ch13.row_shard", "contiguous input columns")
+def row_shard_strided(weight, bias, rank, size):
+    _shard_piece(weight.shape[1], rank, size)
+    return weight[:, rank::size], bias if rank == 0 else None  # WRONG: every size-th column, interleaved
+
+
+@wrong("ch13.row_shard", "contiguous input columns")
+def row_shard_splits_the_outputs(weight, bias, rank, size):
+    rows = _shard_piece(weight.shape[0], rank, size)
+    return weight[rows], bias if rank == 0 else None  # WRONG: the output rows, the column-parallel split
+
+
+@wrong("ch13.row_shard", "contiguous input columns")
+def row_shard_previous_piece(weight, bias, rank, size):
+    columns = _shard_piece(weight.shape[1], (rank - 1) % size, size)  # WRONG: off by one piece
+    return weight[:, columns], bias if rank == 0 else None
+
+
+@wrong("ch13.row_shard", "refused with ValueError")
+def row_shard_without_the_size_check(weight, bias, rank, size):
+    columns = _shard_piece(weight.shape[1], rank, size, check=False)  # WRONG: the last inputs are dropped
+    return weight[:, columns], bias if rank == 0 else None
+
+
+# ----------------------------------------------------------------------------- ch13.allreduce_points
+
+
+_TP_KINDS = {
+    "input_layernorm": "replicated", "post_attention_layernorm": "replicated", "residual_add": "replicated",
+    "qkv_proj": "column", "gate_up_proj": "column",
+    "rope": "local", "attention": "local", "silu_mul": "local",
+    "o_proj": "row", "down_proj": "row",
+}
+
+
+def _kinds(block):
+    for op in block:
+        if op not in _TP_KINDS:
+            raise ValueError(f"unknown operation {op!r}")
+    return [_TP_KINDS[op] for op in block]
+
+
+@wrong("ch13.allreduce_points", "no all-reduce after it")
+def allreduce_points_after_every_linear_layer(block):
+    return [i for i, kind in enumerate(_kinds(block)) if kind in ("column", "row")]  # WRONG: column layers too
+
+
+@wrong("ch13.allreduce_points", "A column-parallel layer writes whole values")
+def allreduce_points_after_column_parallel_layers(block):
+    return [i for i, kind in enumerate(_kinds(block)) if kind == "column"]  # WRONG: their outputs are final
+
+
+@wrong("ch13.allreduce_points", "The sum comes before the residual add")
+def allreduce_points_after_the_residual_add(block):
+    kinds, points = _kinds(block), []
+    for i, kind in enumerate(kinds):
+        if kind == "row":  # WRONG: the residual is added to each rank's partial sum first
+            points.append(i + 1 if i + 1 < len(block) and block[i + 1] == "residual_add" else i)
+    return points
+
+
+@wrong("ch13.allreduce_points", "refused with ValueError")
+def allreduce_points_skips_unknown_operations(block):
+    return [i for i, op in enumerate(block) if op in ("o_proj", "down_proj")]  # WRONG: an unknown name passes
+
+
+@wrong("ch13.allreduce_points", "Two blocks: two all-reduces per block")
+def allreduce_points_the_examples_answer(block):
+    _kinds(block)
+    # WRONG: the example's positions, remembered rather than derived
+    return [i for i in (4, 9) if i < len(block) and _TP_KINDS[block[i]] == "row"]
+
+
+# ----------------------------------------------------------------------------- ch13.allreduce_bytes
+
+
+@wrong("ch13.allreduce_bytes", "Two all-reduces per layer")
+def allreduce_bytes_one_per_layer(num_tokens, hidden_size, dtype_bytes, num_layers):
+    return num_layers * num_tokens * hidden_size * dtype_bytes  # WRONG: only the MLP's (or only attention's)
+
+
+@wrong("ch13.allreduce_bytes", "Two all-reduces per layer")
+def allreduce_bytes_after_every_linear_layer(num_tokens, hidden_size, dtype_bytes, num_layers):
+    return 4 * num_layers * num_tokens * hidden_size * dtype_bytes  # WRONG: the column layers need none
+
+
+@wrong("ch13.allreduce_bytes", "every token's hidden state")
+def allreduce_bytes_of_one_token(num_tokens, hidden_size, dtype_bytes, num_layers):
+    return 2 * num_layers * hidden_size * dtype_bytes  # WRONG: per token, not per forward pass over num_tokens
+
+
+@wrong("ch13.allreduce_bytes", "Bytes, not numbers")
+def allreduce_bytes_counts_numbers(num_tokens, hidden_size, dtype_bytes, num_layers):
+    return 2 * num_layers * num_tokens * hidden_size  # WRONG: the numbers, not their bytes
+
+
+@wrong("ch13.allreduce_bytes", "not the embedding's")
+def allreduce_bytes_with_the_embedding(num_tokens, hidden_size, dtype_bytes, num_layers):
+    return (2 * num_layers + 1) * num_tokens * hidden_size * dtype_bytes  # WRONG: the embedding's all-reduce too
