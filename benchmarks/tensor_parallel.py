@@ -169,7 +169,7 @@ def plot(saved: dict, path: Path) -> None:
     left.bar(labels, rest, label="compute (and the rest of the step)", color="#4c78a8")
     left.bar(labels, comm, bottom=rest, label="all-reduce + gather (incl. waiting)", color="#e45756")
     left.set_ylabel("decode step (ms), rank 0")
-    left.set_title(f"one decode step, batch {saved['meta']['batch']} ({saved['meta']['backend']})")
+    left.set_title(f"one decode step, batch {saved['meta']['batch']}: {saved['meta']['backend']}")
     left.legend(loc="upper left")
     base = rows[sizes[0]]
     x = range(len(sizes))
