@@ -171,8 +171,9 @@ def test_tp_with_a_contiguous_cache_static_batches_speculation_and_preemption(ch
             engine.close()
 
 
-def test_tp_serves_the_shipped_target_with_its_tokenizer():
-    llm = LLM(config=EngineConfig(tensor_parallel_size=2, kv="paged", prefix_cache=True))
+@pytest.mark.parametrize("size", [2, 4])
+def test_tp_serves_the_shipped_target_with_its_tokenizer(size):
+    llm = LLM(config=EngineConfig(tensor_parallel_size=size, kv="paged", prefix_cache=True))
     try:
         texts = ["ROMEO:", "What is 12+7? Answer:"]
         params = SamplingParams(temperature=0, max_new_tokens=12)
