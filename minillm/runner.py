@@ -119,6 +119,8 @@ class ModelRunner:
         if output.slot_copies:
             self.cache.copy_slots(list(output.slot_copies))
         if output.is_empty:
+            if self.workers is not None:  # a step of copies only: its span ends here
+                self.workers.step_finished()
             return StepResult()
         recorded = None
         if not prompt_rows and self.recorded is not None and self.recorded.accepts(chunks):

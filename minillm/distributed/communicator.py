@@ -86,7 +86,7 @@ class Communicator:
         self.records.append(Collective("step", start, end, 0))
 
     def drain(self) -> list[Collective]:
-        """The records since the last drain, oldest first."""
+        """The records since the last drain, in the order they ended (a step's after its own collectives)."""
         records = list(self.records)
         self.records.clear()
         return records

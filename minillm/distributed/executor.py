@@ -173,7 +173,8 @@ class TensorParallelWorkers:
     # ------------------------------------------------------------------ each step
     def run_step(self, block_copies: tuple, slot_copies: tuple, chunks: tuple[ScheduledChunk, ...],
                  logit_rows: list[int]) -> None:
-        """Tell every worker the step rank 0 is about to run (one pickled message for all)."""
+        """Tell every worker the step rank 0 is about to run (one pickled message for all). Rank 0's step span
+        starts here: its time sending the plan counts as its compute in a replay."""
         self._step_start = time.perf_counter()
         payload = pickle.dumps(RunStep(block_copies, slot_copies, chunks, tuple(logit_rows)),
                                protocol=pickle.HIGHEST_PROTOCOL)
