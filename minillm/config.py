@@ -95,7 +95,13 @@ class EngineConfig:
     #                                  the target's layers: a draft model stays in the model's dtype
     quantization_group_size: int = 64  # int4: inputs sharing a scale (32, 64 or 128)
     kv_cache_dtype: str = "auto"  # paged K/V as "int8" (a scale per token and head) | "fp8" (e4m3) | "auto"
-    tensor_parallel_size: int = 1  # ranks sharing each layer: worker processes on this machine (chapter 13)
+    tensor_parallel_size: int = 1  # ranks sharing each layer: worker processes on this machine (chapter 13).
+    #                                Each rank quantizes its own shard: int8's scale for a row of o_proj /
+    #                                down_proj (split by columns) covers that rank's columns only, as fine as
+    #                                TP=1's or finer, so int8 tokens can differ from TP=1's (int4's groups are
+    #                                TP=1's: its group size must divide a rank's columns). In float32 the tokens
+    #                                are TP=1's; in 16-bit (and the int8/int4 CPU kernels' bfloat16 activations)
+    #                                each rank's partial sums are rounded apart, so they can differ too
 
     def __post_init__(self) -> None:
         if self.batching not in BATCHING:

@@ -78,7 +78,7 @@ class TensorParallelWorkers:
                              "EngineConfig(quantization=...)")
         if model.communicator is not None:
             raise ValueError("the model is a tensor-parallel shard already: pass the whole model")
-        check_shardable(model.config, size)
+        check_shardable(model.config, size, quantization, quantization_group_size)  # before any process starts
         self.size = size
         device = model.device
         self.devices = [device] + [self._device(device, rank) for rank in range(1, size)]

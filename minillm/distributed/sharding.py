@@ -30,8 +30,9 @@ ROW_PARALLEL = ("o_proj", "down_proj")  # split by input columns; their outputs 
 VOCAB_PARALLEL = ("embed_tokens", "lm_head")  # split by vocabulary rows
 
 
-def check_shardable(config: ModelConfig, size: int) -> None:
-    """A ValueError naming what does not divide, for a model `size` ranks cannot share evenly."""
+def check_shardable(config: ModelConfig, size: int, quantization: str | None = None, group_size: int = 64) -> None:
+    """A ValueError naming what does not divide, for a model `size` ranks cannot share evenly — or, with int4
+    `quantization`, whose rank's shard cannot be cut into groups of `group_size` inputs."""
     if size == 1:
         return
     if config.num_heads % size:
@@ -41,6 +42,12 @@ def check_shardable(config: ModelConfig, size: int) -> None:
                          "divide the other (fewer KV heads than ranks are replicated)")
     if config.intermediate_size % size:
         raise ValueError(f"tensor_parallel_size={size} must divide the MLP's {config.intermediate_size} rows")
+    if quantization == "int4":  # each rank quantizes its shard: a row-parallel layer's groups run along its columns
+        for layer, inputs in (("qkv_proj", config.hidden_size), ("o_proj", config.q_size // size),
+                              ("down_proj", config.intermediate_size // size)):
+            if inputs % group_size:
+                raise ValueError(f"quantization_group_size={group_size} must divide the {inputs} inputs each of the "
+                                 f"{size} ranks holds of {layer} (int4 quantizes each rank's shard in groups)")
 
 
 @dataclasses.dataclass(frozen=True)
