@@ -553,6 +553,7 @@ class LLMEngine:
         self.structured.close()
         if self.workers is not None:
             self.workers.close()
+            self.dead = self.dead or "the engine was closed"  # not "worker 1 exited": it was told to
 
     def _stop(self, reason: str) -> RuntimeError:
         """The engine cannot step any more (a tensor-parallel worker is gone): its unfinished requests end with

@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 import weakref
+from dataclasses import dataclass
 from multiprocessing import Pipe
 from multiprocessing.connection import Connection
 
@@ -82,17 +83,17 @@ class TensorParallelWorkers:
         self.size = size
         device = model.device
         self.devices = [device] + [self._device(device, rank) for rank in range(1, size)]
-        self._previous_threads = torch.get_num_threads()
         threads = max(1, _cores() // size)  # the ranks share this machine's cores
-        torch.set_num_threads(threads)
         store = dist.TCPStore("127.0.0.1", 0, size, True, timeout=_timeout(), wait_for_workers=False)
         self._weights_dir = tempfile.mkdtemp(prefix="minillm-tp-", dir="/dev/shm" if os.path.isdir("/dev/shm")
                                              else None)
         self.processes: list[subprocess.Popen] = []
         self.inboxes: list[Connection] = []  # rank 0 -> worker r is inboxes[r - 1]
         self.outboxes: list[Connection] = []
-        self._finalizer = weakref.finalize(self, _stop_workers, self.processes, self.inboxes, self._weights_dir,
-                                           self._previous_threads)
+        self._links = _Links(store=store)  # the group meets through the store: kept while the group lives
+        _THREADS.claim(threads)
+        self._finalizer = weakref.finalize(self, _stop_workers, self.processes, self.inboxes, self.outboxes,
+                                           self._links, self._weights_dir)
         try:
             state = {name: t.detach().to("cpu").contiguous() for name, t in model.state_dict().items()}
             weights = os.path.join(self._weights_dir, "model.safetensors")
@@ -109,11 +110,11 @@ class TensorParallelWorkers:
             shard = build_shard(model.config, self.communicator, state.__getitem__, model.dtype, device)
             del state
             self.communicator.group = make_group(0, size, "127.0.0.1", store.port, device, store=store)
+            self._links.communicator = self.communicator
         except BaseException:
             self.close()
             raise
         self.model = shard
-        self._store = store  # the group meets through it: kept while the group lives
         self._step_start: float | None = None
 
     @staticmethod
@@ -234,15 +235,56 @@ class TensorParallelWorkers:
         return records
 
     def close(self) -> None:
-        """Stop every worker (waiting a moment for each, then killing it) and give this process its threads back."""
+        """Stop every worker (waiting a moment for each, then killing it), let go of the group's sockets and give
+        this process its threads back."""
         self._finalizer()
 
 
-def _stop_workers(processes: list[subprocess.Popen], inboxes: list[Connection], weights_dir: str,
-                  previous_threads: int) -> None:
+@dataclass
+class _Links:
+    """What ties rank 0 to its workers besides their processes and pipes: the process group and the store it met
+    through. Cut when the workers stop — their sockets close, so a closed engine kept alive (a notebook's variable)
+    holds no file descriptors, and a worker stuck in a collective (rank 0's step failed half-way) sees its peer
+    leave and exits at once instead of waiting out the timeout until it is killed."""
+
+    store: dist.Store | None = None
+    communicator: Communicator | None = None
+
+    def cut(self) -> None:
+        if self.communicator is not None:
+            self.communicator.group = None  # its only reference: the group is destroyed, its connections closed
+        self.communicator = self.store = None
+
+
+class _ThreadShare:
+    """This process's torch threads while tensor-parallel groups live in it: the first group to start saves the
+    count and each sets its share of the cores; the last to stop gives the saved count back — whichever order
+    several engines close in (each giving back what it found would leave the second one's cut in place)."""
+
+    def __init__(self) -> None:
+        self.live, self.saved = 0, 1
+
+    def claim(self, threads: int) -> None:
+        if self.live == 0:
+            self.saved = torch.get_num_threads()
+        self.live += 1
+        torch.set_num_threads(threads)
+
+    def release(self) -> None:
+        self.live -= 1
+        if self.live == 0:
+            torch.set_num_threads(self.saved)
+
+
+_THREADS = _ThreadShare()
+
+
+def _stop_workers(processes: list[subprocess.Popen], inboxes: list[Connection], outboxes: list[Connection],
+                  links: _Links, weights_dir: str) -> None:
     for inbox in inboxes:
         with contextlib.suppress(OSError):  # exited already
             inbox.send(Shutdown())
+    links.cut()  # after the Shutdowns: an idle worker reads its own before it could notice the group go
     deadline = time.monotonic() + 5.0
     for process in processes:
         try:
@@ -250,10 +292,10 @@ def _stop_workers(processes: list[subprocess.Popen], inboxes: list[Connection], 
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(5)
-    for inbox in inboxes:
-        inbox.close()
+    for connection in inboxes + outboxes:
+        connection.close()
     shutil.rmtree(weights_dir, ignore_errors=True)
-    torch.set_num_threads(previous_threads)
+    _THREADS.release()
 
 
 def _exit(process: subprocess.Popen) -> str:
