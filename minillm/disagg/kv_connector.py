@@ -106,7 +106,12 @@ class KVConnector:
             return KVHandle(request_id, None, (), (), str(self.engine.model.dtype).split(".")[-1], now)
         kv = cache.read_blocks(blocks)  # (2, layers, blocks, block_size, kv_heads, head_dim): a copy
         tag = next(self._tags)
-        self._sending.append((self.group.send([kv], 1, tag), kv))
+        try:
+            work = self.group.send([kv], 1, tag)
+        except Exception as err:  # the decode core is gone (closed, killed): this core carries on; a decode core
+            logger.warning("the K/V of request %s could not be sent (%s)", request_id, err)  # would compute it
+            return KVHandle(request_id, None, (), (), str(kv.dtype).split(".")[-1], now)
+        self._sending.append((work, kv))
         handle = KVHandle(request_id, tag, tuple(prompt_token_ids[: len(blocks) * pool.block_size]), tuple(kv.shape),
                           str(kv.dtype).split(".")[-1], now)
         self.spans.append(("send KV", now, time.perf_counter(), f"{len(blocks)} blocks"))
