@@ -29,9 +29,17 @@ import torch.distributed as dist
 from minillm.config import EngineConfig
 from minillm.disagg.kv_connector import KVHandle, KVTransfer
 from minillm.engine_core.client import ProcessAsyncLLM
-from minillm.engine_core.messages import AbortRequest, AddRequest, CoreFailed, CoreStep, DiscardKV, StartCore
+from minillm.engine_core.messages import (
+    AbortRequest,
+    AddRequest,
+    CoreFailed,
+    CoreReady,
+    CoreStep,
+    DiscardKV,
+    StartCore,
+)
 from minillm.engine_core.output_processor import RequestState
-from minillm.engine_core.process import CoreProcess
+from minillm.engine_core.process import START_POLL_S, CoreProcess
 from minillm.sampling import SamplingParams
 
 PREFILL_PARAMS = SamplingParams(temperature=0, max_new_tokens=1, ignore_eos=True)  # its one token is not used
@@ -39,23 +47,22 @@ PREFILL_PARAMS = SamplingParams(temperature=0, max_new_tokens=1, ignore_eos=True
 
 class DisaggregatedLLM(ProcessAsyncLLM):
     """`config`: the decode engine's; `prefill_config`: the prefill engine's (default: the same). Both need
-    kv="paged" and prefix_cache=True. `threads`: (prefill core, decode core) torch threads."""
+    kv="paged" and prefix_cache=True, one rank and K/V in the model's dtype; they may differ in what each engine
+    holds and schedules (max_num_seqs, kv_cache_bytes, max_model_len, chunked prefill...), not in what the K/V are
+    (block_size, dtype, quantization). A prompt the prefill engine refuses (longer than its context, say) is
+    computed by the decode engine itself. `threads`: (prefill core, decode core) torch threads."""
 
     def __init__(self, model: str | None = None, config: EngineConfig | None = None,
                  prefill_config: EngineConfig | None = None, threads: tuple[int | None, int | None] = (None, None)):
         config = config if config is not None else EngineConfig(kv="paged", prefix_cache=True)
         prefill_config = prefill_config if prefill_config is not None else config
-        for name, c in (("config", config), ("prefill_config", prefill_config)):
-            if not isinstance(c, EngineConfig) or c.kv != "paged" or not c.prefix_cache:
-                raise ValueError(f"{name} must be an EngineConfig with kv='paged' and prefix_cache=True: the K/V "
-                                 "arrive as cached blocks")
+        _check_pair(config, prefill_config)  # before either core loads a model
         self._store = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=datetime.timedelta(seconds=60),
                                     wait_for_workers=False)  # where the two cores meet
         self._prefill = CoreProcess(StartCore(model, prefill_config, os.getpid(), threads[0], False,
                                               KVTransfer("prefill", self._store.port)), name="prefill core")
-        try:
+        try:  # waits for both cores (_wait_until_ready)
             super().__init__(model, config, threads[1], kv_transfer=KVTransfer("decode", self._store.port))
-            self._prefill.wait_until_ready()
         except BaseException:
             self._prefill.stop()
             raise
@@ -80,9 +87,17 @@ class DisaggregatedLLM(ProcessAsyncLLM):
             self._end_stream(sub.stream)
             return
         self._live[state.core_id], self._core_id_of[state.request_id] = state, state.core_id
-        if self._error is None:
+        if self._error is not None:
+            return
+        if state.params.prompt_logprobs is not None:  # the decode engine computes every prompt token of such a
+            self._to_decode(state)  #                    request (no prefix hit can give their logprobs): no prefill
+        else:
             self._prefill.send(AddRequest(state.core_id, state.prompt_token_ids, PREFILL_PARAMS,
                                           state.metrics.arrival_time, export_kv=True))
+
+    def _to_decode(self, state: RequestState, kv: KVHandle | None = None) -> None:
+        """The request as asked, to the decode core: with its prompt's K/V, or (None) to compute its prompt there."""
+        self._send(AddRequest(state.core_id, state.prompt_token_ids, state.params, state.metrics.arrival_time, kv=kv))
 
     def _abort_now(self, request_id: str) -> bool:
         core_id = self._core_id_of.get(request_id)
@@ -105,16 +120,17 @@ class DisaggregatedLLM(ProcessAsyncLLM):
             self.prefill_gauges = step.gauges
         for kind, start, end, label in step.lane_spans:
             self.lane_spans.append(("prefill worker", kind, start, end, label))
-        for refused in step.refused:  # the prefill engine refused it (too long for its cache...)
-            self._fail(refused.request_id, ValueError(refused.error))
+        for refused in step.refused:  # the prefill engine cannot take it (a shorter context, a smaller cache...):
+            state = self._live.get(refused.request_id)  # the decode engine computes its prompt, or refuses it
+            if state is not None:
+                self._to_decode(state)
         for handle in step.kv_sent:
             state = self._live.get(handle.request_id)
             if state is None:  # aborted meanwhile: its bytes are taken and dropped
                 self._send(DiscardKV(handle))
                 continue
             self.transfers.append((handle, step.time))
-            self._send(AddRequest(state.core_id, state.prompt_token_ids, state.params, state.metrics.arrival_time,
-                                  kv=handle))
+            self._to_decode(state, handle)
         for done in step.done:  # ended without its K/V sent: failed, or aborted there
             state = self._live.get(done.request_id)
             if state is not None and done.finish_reasons[0] in ("error", "abort") and done.error is not None:
@@ -135,6 +151,30 @@ class DisaggregatedLLM(ProcessAsyncLLM):
         super()._apply(step)
 
     # ------------------------------------------------------------------ AsyncLLM's hooks
+    def _wait_until_ready(self) -> CoreReady:
+        """Both cores' CoreReady (the decode core's returned). Each meets the other once its engine is built, so a
+        core that cannot start leaves the other waiting for it: its own error is raised at once — not, a minute
+        later, the other's timeout at their meeting point — and the waiting core, which holds nothing yet, is
+        killed."""
+        cores = {"prefill": self._prefill, "decode": self._core}
+        ready: dict[str, CoreReady] = {}
+        while len(ready) < len(cores):
+            for role, core in cores.items():
+                if role in ready:
+                    continue
+                try:
+                    message = core.poll_ready(START_POLL_S / 2)
+                except BaseException as err:
+                    for other in cores.values():
+                        if other is not core:
+                            other.process.kill()
+                    if role == "prefill" and isinstance(err, ValueError):
+                        raise ValueError(f"prefill_config: {err}") from err
+                    raise
+                if message is not None:
+                    ready[role] = message
+        return ready["decode"]
+
     def _bind_loop(self) -> asyncio.AbstractEventLoop:
         old = self._reader_loop
         loop = super()._bind_loop()
@@ -158,3 +198,26 @@ class DisaggregatedLLM(ProcessAsyncLLM):
     def close(self) -> None:
         super().close()
         self._prefill.stop()
+
+
+KV_FIELDS = ("block_size", "dtype", "quantization", "quantization_group_size")  # what the K/V are: the pair's agree
+
+
+def _check_pair(config: EngineConfig, prefill_config: EngineConfig) -> None:
+    """A ValueError for a pair whose engines could not hand K/V over: each needs a paged prefix cache (the K/V
+    arrive as cached blocks), one rank and the model's dtype in its cache (the connector moves plain tensors
+    between single-rank engines), and both must compute the same K/V in the same blocks — a block of another
+    size breaks the decode core, another dtype or quantization silently serves another model's K/V."""
+    for name, c in (("config", config), ("prefill_config", prefill_config)):
+        if not isinstance(c, EngineConfig) or c.kv != "paged" or not c.prefix_cache:
+            raise ValueError(f"{name} must be an EngineConfig with kv='paged' and prefix_cache=True: the K/V "
+                             "arrive as cached blocks")
+        if c.kv_cache_dtype != "auto" or c.tensor_parallel_size != 1:
+            raise ValueError(f"{name}: disaggregation moves K/V in the model's dtype between single-rank engines: "
+                             "kv_cache_dtype='auto' and tensor_parallel_size=1")
+    fields = KV_FIELDS if config.quantization == "int4" else KV_FIELDS[:-1]  # a group size matters to int4 only
+    differ = [f"{f}={getattr(prefill_config, f)!r} / {getattr(config, f)!r}" for f in fields
+              if getattr(prefill_config, f) != getattr(config, f)]
+    if differ:
+        raise ValueError(f"prefill_config and config must compute the same K/V in the same blocks (the decode engine "
+                         f"adopts the prefill engine's as its own): {', '.join(differ)}")

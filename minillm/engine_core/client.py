@@ -29,6 +29,7 @@ from minillm.engine_core.messages import (
     AbortRequest,
     AddRequest,
     CoreFailed,
+    CoreReady,
     CoreStep,
     StartCore,
     StopSample,
@@ -59,7 +60,7 @@ class ProcessAsyncLLM(AsyncLLM):
         self.timeline = timeline
         try:
             tokenizer = load_tokenizer(model)  # while the core loads the model
-            ready = self._core.wait_until_ready()
+            ready = self._wait_until_ready()
         except BaseException:
             self._finalizer()
             raise
@@ -70,6 +71,10 @@ class ProcessAsyncLLM(AsyncLLM):
         self._reader_loop: asyncio.AbstractEventLoop | None = None
         self._gauges: dict[str, float] = {}
         self._error: str | None = None
+
+    def _wait_until_ready(self) -> CoreReady:
+        """The core's CoreReady, or its error (a front end over several cores waits for them all)."""
+        return self._core.wait_until_ready()
 
     # ------------------------------------------------------------------ what the caller sees
     @property

@@ -48,10 +48,18 @@ class CoreProcess:
 
     def wait_until_ready(self) -> CoreReady:
         """The core's CoreReady once it has loaded its model; its own error if it could not start."""
-        while not self.from_core.poll(START_POLL_S):
+        while (ready := self.poll_ready(START_POLL_S)) is None:
+            pass
+        return ready
+
+    def poll_ready(self, timeout: float = 0.0) -> CoreReady | None:
+        """The core's CoreReady if it says it within `timeout` seconds, else None (still loading); its own error
+        if it could not start. A front end over several cores polls each in turn."""
+        if not self.from_core.poll(timeout):
             if self.process.poll() is not None:
                 raise RuntimeError(f"the {self.name} process exited while starting (exit code "
                                    f"{self.process.returncode})")
+            return None
         try:
             message = self.from_core.recv()
         except EOFError:
