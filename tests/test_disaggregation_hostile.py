@@ -7,8 +7,8 @@ Each of these once broke something: a prefill_config with another block size cra
 transfer (index_copy_'s shape error ended every request), a prefill core that could not start left the pair
 waiting a minute for the decode core's store timeout (and said that, not why), a prompt the prefill engine refused
 failed though the decode engine could serve it, a request asking for prompt logprobs was prefilled and its K/V
-sent for nothing (the decode engine computes every prompt token of it), and the prefill core crashed with a gloo
-traceback when its decode core was gone."""
+sent for nothing (the decode engine computes every prompt token of it), the prefill core crashed with a gloo
+traceback when its decode core was gone, and the router's replay records grew for as long as it ran."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ import psutil
 import pytest
 
 from minillm import LLM, EngineConfig, SamplingParams
-from minillm.disagg.router import DisaggregatedLLM, _check_pair
+from minillm.disagg.router import REPLAY_LIMIT, DisaggregatedLLM, _check_pair
+from minillm.engine_core.messages import CoreStep
 
 KV_PER_TOKEN = 8192  # the shipped target's K/V bytes per token (asserted below)
 DECODE = EngineConfig(max_num_seqs=6, max_model_len=256, kv="paged", block_size=16, prefix_cache=True,
@@ -123,7 +124,7 @@ def test_prompts_around_a_block_and_ones_the_prefill_engine_refuses_give_the_sin
     async def one(prompt):
         sent = len(pair.transfers)
         out = await pair.submit(prompt, params)
-        return out, [h.num_blocks for h, _ in pair.transfers[sent:]]
+        return out, [h.num_blocks for h, _ in list(pair.transfers)[sent:]]
 
     async def go():
         return [await one(prompt) for prompt in prompts]  # one at a time: each one's transfer is its own
@@ -157,7 +158,7 @@ def test_prompt_logprobs_skip_the_prefill_engine_and_what_the_decode_engine_refu
     same(got, want)
     assert [None if e is None else round(e.logprob, 3) for e in got.prompt_logprobs] == \
         [None if e is None else round(e.logprob, 3) for e in want.prompt_logprobs]
-    assert [h.num_blocks for h, _ in pair.transfers[sent:]] == [2]  # the refused one's, not the first one's
+    assert [h.num_blocks for h, _ in list(pair.transfers)[sent:]] == [2]  # the refused one's, not the first one's
     asyncio.run(until(lambda: both_idle(pair)))
 
 
@@ -190,6 +191,16 @@ def test_many_requests_with_aborts_stop_strings_and_samples_into_a_nearly_full_d
     for want, got in zip(expected, outs):
         if got.finish_reason != "abort":
             same(got, want)
+
+
+def test_a_long_running_pair_keeps_a_bounded_replay(pair):
+    """Every step of either core adds a lane span and every transfer a record: was two lists growing for as long
+    as a server ran (a few hundred thousand tuples an hour at 50 steps a second); now the newest REPLAY_LIMIT."""
+    for i in range(REPLAY_LIMIT + 50):
+        pair._apply(CoreStep(float(i), lane_spans=[("decode", float(i), float(i) + 0.5, "0 tokens computed")]))
+    assert len(pair.lane_spans) == REPLAY_LIMIT and pair.lane_spans[-1][2] == REPLAY_LIMIT + 49  # the newest kept
+    assert pair.transfers.maxlen == REPLAY_LIMIT
+    pair.lane_spans.clear()
 
 
 # ---------------------------------------------------------------------------- a core lost

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import os
+from collections import deque
 
 import torch.distributed as dist
 
@@ -43,6 +44,7 @@ from minillm.engine_core.process import START_POLL_S, CoreProcess
 from minillm.sampling import SamplingParams
 
 PREFILL_PARAMS = SamplingParams(temperature=0, max_new_tokens=1, ignore_eos=True)  # its one token is not used
+REPLAY_LIMIT = 20_000  # the newest transfers and lane spans kept (as a rank keeps its collectives)
 
 
 class DisaggregatedLLM(ProcessAsyncLLM):
@@ -66,8 +68,10 @@ class DisaggregatedLLM(ProcessAsyncLLM):
         except BaseException:
             self._prefill.stop()
             raise
-        self.transfers: list[tuple[KVHandle, float]] = []  # (handle, when the router forwarded it), for a replay
-        self.lane_spans: list[tuple[str, str, float, float, str]] = []  # (lane, kind, start, end, label)
+        # for a replay, the newest REPLAY_LIMIT of each (a server steps for days: every step adds a span)
+        self.transfers: deque[tuple[KVHandle, float]] = deque(maxlen=REPLAY_LIMIT)  # (handle, when forwarded)
+        self.lane_spans: deque[tuple[str, str, float, float, str]] = deque(maxlen=REPLAY_LIMIT)  # (lane, kind,
+        #                                                                                  start, end, label)
         self.prefill_gauges: dict[str, float] = {}  # the prefill engine's state after its latest step
 
     @property
