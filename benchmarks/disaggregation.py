@@ -1,7 +1,7 @@
 """Chapter 13 benchmark: decoders' inter-token latency while long prompts arrive — one engine without and
 with chunked prefill, against a disaggregated prefill engine + decode engine — in one run.
 
-    python benchmarks/disaggregation.py [--decoders 8] [--long-prompts 4] [--repeats 3]
+    python benchmarks/disaggregation.py [--decoders 8] [--long-prompts 6] [--repeats 3]
     python benchmarks/disaggregation.py --plot-only      (redraw the plot from the saved JSON)
     python benchmarks/disaggregation.py --out /tmp/check  (write the results elsewhere: a trial run)
 

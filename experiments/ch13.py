@@ -60,21 +60,22 @@ REAL_MODELS = (  # the shapes their config.json files publish
 )
 
 
-def memory_table(gpu_gib: float = 80.0, context: int = 32768, dtype_bytes: int = 2) -> list[list[str]]:
-    """Per model: parameters, weights in bfloat16, KV per token and per `context`-token request, the fewest
-    GPUs of `gpu_gib` whose memory holds the weights (90% usable), and requests of `context` tokens that then
-    fit beside them on that many GPUs."""
+def memory_table(gpu_gb: float = 80.0, context: int = 32768, dtype_bytes: int = 2) -> list[list[str]]:
+    """Per model: parameters, weights in bfloat16, KV per token and per `context`-token request, the fewest GPUs
+    of `gpu_gb` (10^9 bytes, as GPUs are sold) whose memory holds the weights (90% usable) — a power of two,
+    as tensor-parallel sizes must divide the heads — and the requests of `context` tokens that then fit beside
+    the weights on that many GPUs."""
     rows = []
     for shape in REAL_MODELS:
         weights = shape.parameters * dtype_bytes
         per_token = shape.kv_bytes_per_token(dtype_bytes)
-        usable = 0.9 * gpu_gib * GIB
+        usable = 0.9 * gpu_gb * 1e9
         gpus = 1
         while weights > gpus * usable:
-            gpus *= 2  # tensor-parallel sizes are powers of two that divide the heads
+            gpus *= 2
         requests = int((gpus * usable - weights) // (per_token * context))
-        rows.append([shape.name, f"{shape.parameters / 1e9:.1f} B", f"{weights / GIB:.0f} GiB",
-                     f"{per_token / 1024:.0f} KiB", f"{per_token * context / GIB:.1f} GiB", str(gpus), str(requests)])
+        rows.append([shape.name, f"{shape.parameters / 1e9:.1f} B", f"{weights / 1e9:.0f} GB",
+                     f"{per_token / 1024:.0f} KiB", f"{per_token * context / 1e9:.1f} GB", str(gpus), str(requests)])
     return rows
 
 
@@ -147,8 +148,9 @@ class TPRun:
 
 
 def tp_runs(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, sizes: Sequence[int] = (1, 2, 4),
-            **config) -> list[TPRun]:
-    """The same greedy requests through the engine at each tensor-parallel size (paged cache)."""
+            progress: bool = False, **config) -> list[TPRun]:
+    """The same greedy requests through the engine at each tensor-parallel size (paged cache); `progress`: a line
+    per size as it finishes."""
     import time
 
     from minillm.config import EngineConfig
@@ -159,6 +161,7 @@ def tp_runs(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, sizes:
     params = SamplingParams(temperature=0, max_new_tokens=max_new_tokens, ignore_eos=True)
     runs = []
     for size in sizes:
+        started = time.perf_counter()
         engine = LLMEngine(model, None, EngineConfig(tensor_parallel_size=size, kv="paged", **config),
                            detokenize=False)
         try:
@@ -182,7 +185,20 @@ def tp_runs(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, sizes:
                               watch.use, wall))
         finally:
             engine.close()
+        if progress:
+            workers = f"{size - 1} worker process{'es' * (size > 2)}" if size > 1 else "no worker"
+            print(f"TP={size}: done in {time.perf_counter() - started:.1f} s ({workers} started and stopped)",
+                  flush=True)
     return runs
+
+
+def step_window(records: dict, steps: float = 3.0) -> float:
+    """A replay window holding about `steps` of rank 0's median step (seconds): close enough to see one step's
+    collectives."""
+    import statistics
+
+    durations = [c.end - c.start for c in records[0] if c.kind == "step"]
+    return steps * statistics.median(durations) if durations else 0.01
 
 
 LINKS = (  # (name, bytes per second one way, a small all-reduce's fixed cost): vendors' bandwidths, and the

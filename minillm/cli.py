@@ -159,7 +159,7 @@ def _add_serve(commands) -> None:
                         help="ranks sharing each layer, as worker processes on this machine (chapter 13)")
     engine.add_argument("--disaggregate", action="store_true",
                         help="prefill and decode in two engine core processes, the prompts' K/V sent from one to the "
-                             "other (chapter 13; needs --kv paged --prefix-cache)")
+                             "other (chapter 13; the K/V arrive as prefix-cache blocks: turns --prefix-cache on)")
     engine.add_argument("--compile", action="store_true", help="compiled decode steps (CPU or GPU)")
     engine.add_argument("--cuda-graphs", action="store_true", help="CUDA Graphs for decode steps (GPU)")
     engine.add_argument("--device", default=None, type=_device)
@@ -181,7 +181,7 @@ def engine_config(args):
     spec = SpeculativeConfig(args.speculative, args.num_speculative_tokens) if args.speculative else None
     return EngineConfig(batching=args.batching, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                         max_tokens_per_step=args.max_tokens_per_step, kv=args.kv, block_size=args.block_size,
-                        kv_cache_bytes=args.kv_cache_bytes, prefix_cache=args.prefix_cache,
+                        kv_cache_bytes=args.kv_cache_bytes, prefix_cache=args.prefix_cache or args.disaggregate,
                         chunked_prefill=args.chunked_prefill,
                         max_tokens_per_prefill_chunk=args.max_tokens_per_prefill_chunk, speculative=spec,
                         jump_forward=args.jump_forward, compile=args.compile, cuda_graphs=args.cuda_graphs,

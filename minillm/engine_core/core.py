@@ -166,8 +166,9 @@ class EngineCore:
         updates = engine.step()
         step, self.news = self.news, CoreStep(0.0)
         step.time = time.perf_counter()
-        if self.connector is not None:
-            self.connector.spans.append((self.connector.role, began, step.time, f"{len(updates)} updates"))
+        if self.connector is not None:  # the step's span, for a replay of the pair (chapter 13)
+            tokens = engine.trace.steps[-1].num_tokens if engine.trace.steps else 0
+            self.connector.spans.append((self.connector.role, began, step.time, f"{tokens} tokens computed"))
         for update in updates:
             if not (update.token_ids or update.sample_finished):
                 continue
