@@ -1,11 +1,13 @@
 """Tensor parallelism attacked (chapter 13): sizes of every type, int4 groups a rank's shard cannot hold, engines
 closed in the order they were made, closed engines kept alive, a rank failing half-way through a step, a worker
-raising inside its forward pass, Ctrl-C, the other EngineConfig options and per-rank int8 scales.
+raising inside its forward pass, rank 0 killed while its workers load, Ctrl-C, the other EngineConfig options and
+per-rank int8 scales.
 
 Each of these once broke something: an int4 group size accepted by TP=1 and refused only by a worker process
 (a WorkerLost, after every worker had started), torch's threads left cut after two engines closed first-in
 first-out, a closed engine holding 14 file descriptors, a rank-0 failure taking the 5 s kill timeout (its
-workers waited in a collective until killed), a closed engine saying its worker had "exited"."""
+workers waited in a collective until killed), a closed engine saying its worker had "exited", and rank 0
+killed while its workers loaded leaving the whole model in /dev/shm."""
 
 from __future__ import annotations
 
@@ -13,9 +15,11 @@ import copy
 import dataclasses
 import gc
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 
@@ -224,6 +228,63 @@ def test_a_worker_raising_inside_its_forward_pass_stops_the_engine_with_its_erro
         llm.generate([[1, 2, 3], [4, 5]], GREEDY, use_tqdm=False)
     assert time.monotonic() - began < 10
     assert not llm.engine.has_unfinished() and llm.engine.pool.is_idle
+
+
+def _slow_worker() -> None:
+    """A worker process (`python -c ...`) that takes 3 s to read its shard."""
+    from minillm.distributed import worker
+
+    build_shard = worker.build_shard
+
+    def slowly(*args):
+        time.sleep(3)
+        return build_shard(*args)
+
+    worker.build_shard = slowly
+    worker.main(int(sys.argv[1]), int(sys.argv[2]))
+
+
+def test_rank0_killed_while_its_workers_load_leaves_no_copy_of_the_model_in_shared_memory(tmp_path):
+    """The whole model is written to /dev/shm for the workers to read their slices; rank 0 deletes it once they
+    have. Killed before (the OOM killer, loading a large model), it left the file — a copy of the model held in
+    memory until the machine restarts. Now a worker that finds rank 0 gone deletes it."""
+    folder = tmp_path / "model"
+    make_checkpoint("qwen3", folder, seed=7, num_key_value_heads=1)
+    script = tmp_path / "rank0.py"
+    script.write_text(textwrap.dedent(f"""
+        import subprocess, tempfile
+        from minillm.config import EngineConfig
+        from minillm.distributed import executor
+        from minillm.engine import LLMEngine
+        from minillm.model import load_model
+        popen, mkdtemp = subprocess.Popen, tempfile.mkdtemp
+        code = "from tests.test_tensor_parallel_hostile import _slow_worker; _slow_worker()"
+        executor.subprocess.Popen = lambda args, **kwargs: popen([args[0], "-c", code, *args[3:]], **kwargs)
+        def said(**kwargs):
+            folder = mkdtemp(**kwargs)
+            print(folder, flush=True)
+            return folder
+        executor.tempfile.mkdtemp = said
+        LLMEngine(load_model({str(folder)!r}), None, EngineConfig(tensor_parallel_size=4), detokenize=False)
+    """))
+    root = os.path.dirname(os.path.dirname(__file__))
+    rank0 = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=root,
+                             env={**os.environ, "PYTHONPATH": root})
+    weights = rank0.stdout.readline().strip()
+    assert os.path.basename(weights).startswith("minillm-tp-")
+    try:
+        deadline = time.monotonic() + 30
+        while len(workers := psutil.Process(rank0.pid).children()) < 3:  # started: they read their shards for 3 s
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        rank0.kill()
+        rank0.wait()
+        assert os.path.exists(weights)
+        psutil.wait_procs(workers, timeout=20)
+        assert not os.path.exists(weights), "the model's copy outlived its engine"
+    finally:
+        rank0.kill()
+        shutil.rmtree(weights, ignore_errors=True)  # not left in memory by a failing run either
 
 
 def test_ctrl_c_during_generate_is_held_to_the_end_of_the_step_and_the_ranks_carry_on(model):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import sys
 import time
@@ -50,11 +51,22 @@ def main(inbox_fd: int, outbox_fd: int) -> None:
     try:
         serve(start, inbox, outbox)
     except (EOFError, BrokenPipeError, ConnectionResetError):  # rank 0 is gone
-        pass
+        _remove_weights(start.weights)
     except Exception as err:  # said to rank 0 (which may be gone too), then the worker ends
         with contextlib.suppress(OSError):
             outbox.send(WorkerFailed(start.rank, f"{type(err).__name__}: {err}"))
+        if os.getppid() != start.parent_pid:  # gone: meeting it failed (its store closed)
+            _remove_weights(start.weights)
         sys.exit(1)
+
+
+def _remove_weights(weights: str) -> None:
+    """Rank 0 deletes the whole model's file once every worker has loaded its shard; if rank 0 died before that
+    (killed while the workers loaded: the OOM killer's choice when a model is large), nobody else would — and in
+    /dev/shm it holds a copy of the model in memory until the machine restarts."""
+    folder = os.path.dirname(weights)
+    if os.path.basename(folder).startswith("minillm-tp-"):  # only what the executor made
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def serve(start: StartWorker, inbox: Connection, outbox: Connection) -> None:
