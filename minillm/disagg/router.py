@@ -211,7 +211,8 @@ def _check_pair(config: EngineConfig, prefill_config: EngineConfig) -> None:
     """A ValueError for a pair whose engines could not hand K/V over: each needs a paged prefix cache (the K/V
     arrive as cached blocks), one rank and the model's dtype in its cache (the connector moves plain tensors
     between single-rank engines), and both must compute the same K/V in the same blocks — a block of another
-    size breaks the decode core, another dtype or quantization silently serves another model's K/V."""
+    size breaks the decode core, another dtype or quantization silently serves another model's K/V. The decode
+    engine speculates with n-grams, not a draft model (whose K/V nobody sends)."""
     for name, c in (("config", config), ("prefill_config", prefill_config)):
         if not isinstance(c, EngineConfig) or c.kv != "paged" or not c.prefix_cache:
             raise ValueError(f"{name} must be an EngineConfig with kv='paged' and prefix_cache=True: the K/V "
@@ -219,6 +220,10 @@ def _check_pair(config: EngineConfig, prefill_config: EngineConfig) -> None:
         if c.kv_cache_dtype != "auto" or c.tensor_parallel_size != 1:
             raise ValueError(f"{name}: disaggregation moves K/V in the model's dtype between single-rank engines: "
                              "kv_cache_dtype='auto' and tensor_parallel_size=1")
+    if config.speculative is not None and config.speculative.method == "draft":
+        raise ValueError("config: a draft model's K/V live in the same blocks as the target's, and only the target's "
+                         "arrive: the draft would read another request's entries for the prompt (worse guesses, "
+                         "never wrong tokens); use SpeculativeConfig('ngram') on a disaggregated decode engine")
     fields = KV_FIELDS if config.quantization == "int4" else KV_FIELDS[:-1]  # a group size matters to int4 only
     differ = [f"{f}={getattr(prefill_config, f)!r} / {getattr(config, f)!r}" for f in fields
               if getattr(prefill_config, f) != getattr(config, f)]
