@@ -11,10 +11,12 @@ killed while its workers loaded leaving the whole model in /dev/shm."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import dataclasses
 import gc
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -28,7 +30,8 @@ import psutil
 import pytest
 import torch
 
-from minillm.config import EngineConfig
+from minillm.async_engine import AsyncLLM
+from minillm.config import EngineConfig, SpeculativeConfig
 from minillm.distributed import executor
 from minillm.distributed.sharding import check_shardable
 from minillm.engine import LLM, EngineStopped, LLMEngine
@@ -63,10 +66,15 @@ def no_orphans():
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
+def checkpoint(tmp_path_factory):
     folder = tmp_path_factory.mktemp("qwen3-tp")
     make_checkpoint("qwen3", folder, seed=7, num_key_value_heads=1)  # 4 heads, 1 KV head (replicated), MLP 96
-    return load_model(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def model(checkpoint):
+    return load_model(checkpoint)
 
 
 def tp_llm(model, **config) -> LLM:
@@ -303,14 +311,59 @@ def test_ctrl_c_during_generate_is_held_to_the_end_of_the_step_and_the_ranks_car
         llm.engine.close()
 
 
+def test_async_requests_cancelled_aborted_and_timed_out_on_a_tp_engine_free_every_block(model):
+    """AsyncLLM over a TP=2 engine with a small prefix cache: submissions at random moments, half of them aborted
+    or cancelled, a stream left early, a timeout — the others equal TP=1's, nothing is left on any rank."""
+    config = dict(kv="paged", block_size=4, prefix_cache=True, max_num_seqs=4, kv_cache_bytes=48 * 4 * 1024)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, 250) for _ in range(rng.randrange(1, 40))] for _ in range(16)]
+    params = [SamplingParams(temperature=0.7, seed=i, max_new_tokens=rng.randrange(1, 30), n=rng.choice([1, 2]))
+              for i in range(16)]
+    expected = tp_llm(model, **config).generate(prompts, params, use_tqdm=False)
+    engine = LLMEngine(model, ByteTokenizer(), EngineConfig(tensor_parallel_size=2, **config))
+    llm = AsyncLLM(engine=engine)
+
+    async def scenario():
+        futures, ended = [], set()
+        for i, (prompt, p) in enumerate(zip(prompts, params)):
+            futures.append(llm.submit(prompt, p, request_id=f"r{i}"))
+            await asyncio.sleep(rng.random() * 0.02)
+            if rng.random() < 0.25:
+                ended.add(j := rng.randrange(0, i + 1))
+                llm.abort(f"r{j}")
+            elif rng.random() < 0.25:
+                ended.add(j := rng.randrange(0, i + 1))
+                futures[j].cancel()
+        async for _ in llm.stream([5, 6, 7], SamplingParams(temperature=0, max_new_tokens=50)):
+            break  # left early: aborted
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(llm.submit([1, 2, 3], SamplingParams(max_new_tokens=100, ignore_eos=True)), 0.2)
+        outs = await asyncio.gather(*futures, return_exceptions=True)
+        for i, (out, want) in enumerate(zip(outs, expected)):
+            if i not in ended or (not isinstance(out, BaseException) and out.finish_reason != "abort"):
+                assert [o.token_ids for o in out.outputs] == [o.token_ids for o in want.outputs]
+        await asyncio.sleep(0.2)  # the timed-out request's abort is applied between steps
+
+    try:
+        asyncio.run(scenario())
+        with engine.lock:
+            assert not engine.has_unfinished() and engine.pool.is_idle and engine.workers.alive()
+    finally:
+        engine.close()
+
+
 # ---------------------------------------------------------------------------- with the other options
-def test_sampling_logprobs_and_a_quantized_cache_equal_tp1s(model):
-    """Seeded n > 1 samples, logprobs and prompt logprobs on a prefix cache with preemptions; int8 K/V."""
+def test_sampling_logprobs_a_quantized_cache_and_a_draft_model_equal_tp1s(model, checkpoint):
+    """Seeded n > 1 samples, logprobs and prompt logprobs on a prefix cache with preemptions; int8 K/V up to
+    max_model_len; a draft model (rank 0's alone: the target itself, so that most guesses are kept)."""
     per_token = model.config.kv_bytes_per_token
     cases = [(dict(kv="paged", prefix_cache=True, block_size=2, max_num_seqs=5, kv_cache_bytes=60 * 2 * per_token),
               SamplingParams(temperature=0.9, seed=3, n=2, max_new_tokens=20, logprobs=2, prompt_logprobs=1)),
              (dict(kv="paged", kv_cache_dtype="int8", max_model_len=48, block_size=4),
-              SamplingParams(temperature=0, max_new_tokens=30, logprobs=0))]
+              SamplingParams(temperature=0, max_new_tokens=30, logprobs=0)),
+             (dict(kv="paged", prefix_cache=True,
+                   speculative=SpeculativeConfig("draft", 3, draft_model=str(checkpoint))),
+              SamplingParams(temperature=0, max_new_tokens=12))]
     for config, params in cases:
         single = tp_llm(model, **config)
         expected = outputs(single, params)
@@ -318,6 +371,8 @@ def test_sampling_logprobs_and_a_quantized_cache_equal_tp1s(model):
         try:
             assert_same(outputs(llm, params), expected)
             assert llm.engine.pool.is_idle
+            if llm.engine.proposer is not None:
+                assert llm.engine.speculative_metrics["acceptance_rate"] > 0.9
         finally:
             llm.engine.close()
 
