@@ -210,7 +210,7 @@ def test_a_long_running_pair_keeps_a_bounded_replay(pair):
 
 
 # ---------------------------------------------------------------------------- a core lost
-def test_the_prefill_core_outlives_its_decode_core_and_stops_cleanly():
+def test_the_prefill_core_outlives_its_decode_core_and_stops_cleanly(capfd):
     """The decode core is killed while prompts wait at the prefill core: the requests end with the error, and
     the prefill core's sends to the dead peer fail quietly — was: the first one raised out of its step and the
     core died with a gloo traceback. It then stops when the pair is closed, like a healthy core (exit code 0)."""
@@ -219,8 +219,8 @@ def test_the_prefill_core_outlives_its_decode_core_and_stops_cleanly():
                            threads=(1, 1))
     try:
         async def go():
-            futures = [llm.submit(TEXT[:300] + str(i), SamplingParams(temperature=0, max_new_tokens=50))
-                       for i in range(6)]
+            futures = [llm.submit(f"{i}: {TEXT[:700]}", SamplingParams(temperature=0, max_new_tokens=50))
+                       for i in range(8)]  # ~180 tokens each, prefilled one at a time
             await until(lambda: len(llm.transfers) >= 1)  # the prefill core is working through the others
             psutil.Process(llm.core_pid).kill()
             outs = await asyncio.wait_for(asyncio.gather(*futures), timeout=20)
@@ -228,7 +228,11 @@ def test_the_prefill_core_outlives_its_decode_core_and_stops_cleanly():
             assert all("engine core process ended" in o.error for o in outs)
 
         asyncio.run(go())
-        time.sleep(3.0)  # the prefill core finishes its prompts and tries to send their K/V
+        deadline = time.monotonic() + 20  # the prefill core finishes its prompts and tries to send their K/V
+        while "could not be sent" not in (said := capfd.readouterr().err) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "could not be sent" in said and "Traceback" not in said
+        time.sleep(0.5)
         assert llm._prefill.process.poll() is None, "the prefill core died"
     finally:
         llm.close()
