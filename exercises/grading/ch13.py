@@ -585,32 +585,62 @@ def allreduce_bytes_example(impl: Callable) -> None:
     _bytes(impl, 100, 256, 4, 8, "the shipped model in float32")
 
 
+def _scales(impl: Callable, base: tuple[int, int, int, int], field: str, factor: int, why: str) -> None:
+    """One rule alone: multiplying one argument by `factor` must multiply the bytes by exactly `factor` — true of a
+    count with any other mistake, so only this argument's own rule fails when it is mishandled."""
+    names = ("num_tokens", "hidden_size", "dtype_bytes", "num_layers")
+    index = names.index(field)
+    bigger = tuple(v * factor if i == index else v for i, v in enumerate(base))
+    given = (f"allreduce_bytes({', '.join(f'{n}={v}' for n, v in zip(names, base))}), then with {field}={bigger[index]}"
+             f" ({factor} times as many)")
+    expected = f"{factor} times the bytes ({why})"
+    small = call(given, expected, impl, *base)
+    large = call(given, expected, impl, *bigger)
+    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (small, large))
+    ok = ints and small > 0 and large == factor * small
+    if not ints:
+        shown = f"{small!r}, then {large!r} (an int is expected)"
+    else:
+        shown = f"{small}, then {large}" + (f" ({large / small:.4g} times)" if small else "")
+    expect(ok, given, expected, shown)
+
+
 @allreduce_bytes.case
 def two_allreduces_per_layer(impl: Callable) -> None:
     """Two all-reduces per layer, after o_proj and after down_proj: not one, not one per linear layer"""
-    _bytes(impl, 10, 1024, 2, 1, "one layer")
-    _bytes(impl, 10, 1024, 2, 24, "24 layers")
+    for tokens, hidden, dtype in ((1, 1024, 1), (1, 4096, 1)):  # one token of 1-byte numbers: those rules are others
+        given = (f"allreduce_bytes(num_tokens={tokens}, hidden_size={hidden}, dtype_bytes={dtype}, num_layers=1), "
+                 "then with num_layers=2")
+        want = 2 * tokens * hidden * dtype
+        expected = (f"{want} bytes more for the second layer (its two all-reduces, each {tokens} x {hidden} numbers "
+                    f"of {dtype} byte)")
+        one, two = call(given, expected, impl, tokens, hidden, dtype, 1), call(given, expected, impl, tokens, hidden,
+                                                                                  dtype, 2)
+        ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (one, two))
+        ok = ints and two - one == want
+        shown = f"{two - one} more ({(two - one) / want:.4g} times as much)" if ints else \
+            f"{one!r}, then {two!r} (an int is expected)"
+        expect(ok, given, expected, shown)
 
 
 @allreduce_bytes.case
 def each_allreduce_carries_every_tokens_hidden_state(impl: Callable) -> None:
     """Each all-reduce carries every token's hidden state: num_tokens * hidden_size numbers"""
-    _bytes(impl, 512, 2048, 2, 16, "a prefill of 512 tokens")
-    _bytes(impl, 64, 2048, 2, 16, "a decode step of 64 requests, one token each")
+    _scales(impl, (64, 2048, 2, 16), "num_tokens", 8, "a prefill of 512 tokens against a decode step of 64")
+    _scales(impl, (64, 1024, 2, 16), "hidden_size", 4, "each token's whole hidden state")
 
 
 @allreduce_bytes.case
 def bytes_not_numbers(impl: Callable) -> None:
     """Bytes, not numbers: each number takes dtype_bytes bytes"""
-    _bytes(impl, 100, 256, 4, 8, "float32: 4 bytes a number")
-    _bytes(impl, 100, 256, 1, 8, "an 8-bit all-reduce: 1 byte a number")
+    _scales(impl, (100, 256, 1, 8), "dtype_bytes", 4, "float32 numbers take 4 bytes, 8-bit ones 1")
 
 
 @allreduce_bytes.case
 def the_decoder_blocks_allreduces_only(impl: Callable) -> None:
     """The decoder blocks' all-reduces only: not the embedding's, nor the gathering of the logits"""
-    _bytes(impl, 1, 8192, 2, 80, "Llama-3-70B in bf16, one token")
-    _bytes(impl, 7, 3, 2, 1, "a toy model: the embedding would add 42 bytes")
+    _scales(impl, (7, 3, 2, 1), "num_layers", 2, "with nothing outside the blocks counted, twice the layers is "
+            "twice the bytes (an embedding's all-reduce would be counted once)")
 
 
 @allreduce_bytes.case

@@ -24,7 +24,10 @@ from solutions.ch13_allreduce_placement import OP_KINDS, allreduce_bytes, allred
 from solutions.ch13_shard_linear import column_shard, row_shard
 from tests.exercises.wrong_answers import (
     WRONG,
+    allreduce_bytes_counts_numbers,
+    allreduce_bytes_of_one_token,
     allreduce_bytes_one_per_layer,
+    allreduce_bytes_with_the_embedding,
     allreduce_points_after_every_linear_layer,
     column_shard_splits_the_inputs,
     column_shard_strided,
@@ -208,8 +211,23 @@ def test_an_allreduce_after_every_linear_layer_names_the_operations():
 def test_one_allreduce_per_layer_is_shown_as_half():
     line = next(line for line in _failed("ch13.allreduce_bytes", allreduce_bytes_one_per_layer)
                 if line.startswith("FAIL  Two all-reduces per layer"))
-    assert "expected 40960 (one layer: 2 all-reduces per layer x 1 layer x 10 tokens x 1024 numbers x 2 bytes)" in line
-    assert line.endswith("got 20480 (0.5 times as much)")
+    assert "expected 2048 bytes more for the second layer (its two all-reduces, each 1 x 1024 numbers" in line
+    assert line.endswith("got 1024 more (0.5 times as much)")
+
+
+@pytest.mark.parametrize(("impl", "rule"), [
+    (allreduce_bytes_one_per_layer, "Two all-reduces per layer"),
+    (allreduce_bytes_counts_numbers, "Bytes, not numbers"),
+    (allreduce_bytes_of_one_token, "every token's hidden state"),
+    (allreduce_bytes_with_the_embedding, "not the embedding's")])
+def test_one_mistake_in_the_bytes_fails_only_its_own_rule_beside_the_examples(impl, rule):
+    """The rules about one argument each are independent: a learner's single mistake is named once (the examples
+    and the random cases, which check everything, fail with it)."""
+    failures = _failed("ch13.allreduce_bytes", impl)
+    own = [line for line in failures if rule in line]
+    others = [line for line in failures if rule not in line
+              and not line.startswith(("FAIL  The notebook's examples", "FAIL  Random"))]
+    assert own and not others, "\n".join(failures)
 
 
 def test_a_float_is_not_an_int():
