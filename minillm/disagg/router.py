@@ -79,18 +79,8 @@ class DisaggregatedLLM(ProcessAsyncLLM):
         return self._prefill.process.pid
 
     # ------------------------------------------------------------------ the router's decisions
-    def _receive(self, sub) -> None:
+    def _hand_on(self, state: RequestState) -> None:
         """A new request goes to the prefill core first; the decode core gets it with its K/V."""
-        if sub.future.done():
-            self._end_stream(sub.stream)
-            return
-        try:
-            state = self._state(sub)
-        except Exception as err:  # refused at the door
-            sub.future.set_exception(err)
-            self._end_stream(sub.stream)
-            return
-        self._live[state.core_id], self._core_id_of[state.request_id] = state, state.core_id
         if self._error is not None:
             return
         if state.params.prompt_logprobs is not None:  # the decode engine computes every prompt token of such a

@@ -156,6 +156,11 @@ class ProcessAsyncLLM(AsyncLLM):
             self._end_stream(sub.stream)
             return
         self._live[state.core_id], self._core_id_of[state.request_id] = state, state.core_id
+        self._hand_on(state)
+
+    def _hand_on(self, state: RequestState) -> None:
+        """Send a request accepted at the door to the core (a disaggregated router sends it to its prefill core
+        first: minillm/disagg/router.py)."""
         self._send(AddRequest(state.core_id, state.prompt_token_ids, state.params, state.metrics.arrival_time))
 
     def _state(self, sub: _Submission) -> RequestState:
