@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from exercises.grading.core import call, exercise, expect, fail
+from exercises.grading.core import call, exercise, expect, fail, listed
 
 quantize_per_channel = exercise("ch12.quantize_int8", "ch12_quantize_per_channel", "quantize_per_channel")
 dequantize_per_channel = exercise("ch12.dequantize_int8", "ch12_quantize_per_channel", "dequantize_per_channel")
@@ -75,17 +75,10 @@ def with_outlier(weight: torch.Tensor, row: int, column: int, times: float = 40.
 # ----------------------------------------------------------------------------------------- helpers
 
 
-def _listed(values: Any) -> str:
-    """A tensor's (nested) list with each number in at most 6 digits: 1.27, not 1.2699999809265137."""
-    if isinstance(values, torch.Tensor):
-        values = values.tolist()
-    if isinstance(values, list):
-        return "[" + ", ".join(map(_listed, values)) + "]"
-    return f"{values:.6g}" if isinstance(values, float) else str(values)
 
 
 def _shown(weight: torch.Tensor) -> str:
-    return _listed(weight) if weight.numel() <= 40 else f"a {tuple(weight.shape)} matrix"
+    return listed(weight) if weight.numel() <= 40 else f"a {tuple(weight.shape)} matrix"
 
 
 def _kind(value: Any) -> str:
@@ -284,7 +277,7 @@ def _dequantized(impl: Callable, call_args: tuple[torch.Tensor, ...], want: torc
 
 def _dequantize_rows(impl: Callable, codes: torch.Tensor, scale: torch.Tensor, why: str, name: str | None = None
                      ) -> None:
-    given = f"dequantize_per_channel({name or f'codes={_listed(codes)}, scale={_listed(scale)}'})"
+    given = f"dequantize_per_channel({name or f'codes={listed(codes)}, scale={listed(scale)}'})"
     want = codes.double() * scale.double()[:, None]
 
     def explain(n: int, k: int) -> str:
@@ -445,7 +438,7 @@ def _dequantize_groups(impl: Callable, codes: torch.Tensor, scale: torch.Tensor,
                        name: str | None = None) -> None:
     group_size = codes.shape[1] // scale.shape[1]
     given = (f"dequantize_groups({name})" if name else
-             f"dequantize_groups(codes={_listed(codes)}, scale={_listed(scale)}, minimum={_listed(minimum)})")
+             f"dequantize_groups(codes={listed(codes)}, scale={listed(scale)}, minimum={listed(minimum)})")
     want = codes.double() * scale.double().repeat_interleave(group_size, dim=1) + \
         minimum.double().repeat_interleave(group_size, dim=1)
 

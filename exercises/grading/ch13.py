@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from exercises.grading.core import call, exercise, expect, expect_raises, fail
+from exercises.grading.core import call, exercise, expect, expect_raises, fail, listed
 
 column_shard = exercise("ch13.column_shard", "ch13_shard_linear", "column_shard")
 row_shard = exercise("ch13.row_shard", "ch13_shard_linear", "row_shard")
@@ -65,13 +65,6 @@ def example_row() -> tuple[torch.Tensor, torch.Tensor]:
 # ----------------------------------------------------------------------------------------- helpers
 
 
-def _listed(values: Any) -> str:
-    """A tensor's (nested) list with each number in at most 6 digits: 1.5, not 1.5000000000."""
-    if isinstance(values, torch.Tensor):
-        values = values.tolist()
-    if isinstance(values, list):
-        return "[" + ", ".join(map(_listed, values)) + "]"
-    return f"{values:.6g}" if isinstance(values, float) else str(values)
 
 
 def _kind(value: Any) -> str:
@@ -84,7 +77,7 @@ def _shown(tensor: torch.Tensor | None, what: str) -> str:
     if tensor is None:
         return "None"
     if tensor.numel() <= 12:
-        return _listed(tensor)
+        return listed(tensor)
     return f"<a random {' x '.join(map(str, tensor.shape))} {what}>"
 
 

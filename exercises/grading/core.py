@@ -81,6 +81,16 @@ def exercise(name: str, module: str, attr: str, time_limit_s: float = 10.0) -> E
 # ----------------------------------------------------------------------------- helpers for cases
 
 
+
+def listed(values: Any) -> str:
+    """A tensor's (nested) list with each number in at most 6 digits: 1.27, not 1.2699999809265137."""
+    if hasattr(values, "tolist"):
+        values = values.tolist()
+    if isinstance(values, list):
+        return "[" + ", ".join(map(listed, values)) + "]"
+    return f"{values:.6g}" if isinstance(values, float) else str(values)
+
+
 def fail(given: str, expected: object, got: object) -> NoReturn:
     raise Failure(given, str(expected), str(got))
 
